@@ -1,0 +1,41 @@
+# Per-target settings: warnings, sanitizers and visibility are applied here, never through CMAKE_CXX_FLAGS.
+
+function(optiflow_target_settings target)
+  target_compile_features(${target} PUBLIC cxx_std_20)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wconversion
+                                           -Wno-sign-conversion)
+  if(OPTIFLOW_WARNINGS_AS_ERRORS)
+    target_compile_options(${target} PRIVATE -Werror)
+  endif()
+  if(OPTIFLOW_SANITIZE)
+    target_compile_options(${target} PRIVATE -fsanitize=address,undefined -fno-omit-frame-pointer
+                                             -fno-sanitize-recover=all)
+    target_link_options(${target} PRIVATE -fsanitize=address,undefined)
+  endif()
+endfunction()
+
+# optiflow_add_library(<component> SOURCES ... [DEPS ...] [PRIVATE_DEPS ...])
+# Creates optiflow_<component> with alias optiflow::<component> and public headers in <component>/include.
+function(optiflow_add_library component)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
+  set(target optiflow_${component})
+  add_library(${target} STATIC ${ARG_SOURCES})
+  add_library(optiflow::${component} ALIAS ${target})
+  target_include_directories(${target} PUBLIC $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
+                                              $<INSTALL_INTERFACE:include>)
+  target_link_libraries(${target} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
+  set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  optiflow_target_settings(${target})
+endfunction()
+
+# optiflow_add_test(<name> SOURCES ... DEPS ... [LABELS ...])
+function(optiflow_add_test name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
+  target_compile_definitions(${name} PRIVATE OPTIFLOW_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+                                             OPTIFLOW_SAMPLES_DIR="${OPTIFLOW_SAMPLES_DIR}")
+  optiflow_target_settings(${name})
+  include(GoogleTest)
+  gtest_discover_tests(${name} PROPERTIES LABELS "${ARG_LABELS}" DISCOVERY_TIMEOUT 60)
+endfunction()

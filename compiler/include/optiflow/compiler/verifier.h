@@ -1,0 +1,62 @@
+// The verifier: a symbolic proof that a schedule computes its collective. Nothing reaches a plan or the cache
+// unless verify() returned proven == true.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "optiflow/core/collective.h"
+#include "optiflow/core/schedule.h"
+
+namespace optiflow::compiler {
+
+// The property a finding is about; the names are stable and appear in CLI and JSON output.
+enum class Property : std::uint8_t {
+  Shape,          // declared sizes, ranks, chunk counts, root, custom kind
+  Reference,      // a step names a buffer range, peer, block or dependency that does not exist
+  Connection,     // two blocks of a rank share a (peer, channel) connection in the same direction
+  Matching,       // sends and receives on a connection do not pair up (count, order, leftovers)
+  Deadlock,       // the dependency graph including send->receive waits has a cycle, or a step waits forever
+  Race,           // two unordered steps touch the same chunk and at least one writes it
+  Uninitialized,  // a step reads a chunk that holds no defined data
+  ReducedTwice,   // a reduction combines a contribution that is already present
+  Postcondition,  // an output chunk ends with the wrong contents (missing or wrong contributions)
+  HasDep,         // a step is waited on but does not publish its completion (MSCCL's hasdep="0")
+  ReductionOrder  // (warning) ranks reduce the same output chunk in different orders
+};
+
+std::string_view toString(Property p);
+
+enum class Severity : std::uint8_t { Error, Warning };
+
+struct Finding {
+  Severity severity = Severity::Error;
+  Property property = Property::Shape;
+  core::BufferMode mode = core::BufferMode::OutOfPlace;
+  int rank = -1;  // -1 where not tied to one
+  int tb = -1;    // thread block id
+  int step = -1;  // step index in the block
+  std::string message;
+
+  // "rank 3 tb 1 step 4: [race] ..." with the location parts that are known.
+  std::string str() const;
+};
+
+struct VerifyOptions {
+  std::size_t maxErrors = 32;  // stop collecting after this many errors (the verdict stays "not proven")
+  bool checkReductionOrder = true;
+};
+
+struct VerifyReport {
+  bool proven = false;
+  std::vector<core::BufferMode> modesChecked;
+  std::vector<Finding> errors;
+  std::vector<Finding> warnings;
+  std::size_t steps = 0;
+  std::size_t transfers = 0;  // matched send/receive pairs
+};
+
+VerifyReport verify(const core::Schedule& schedule, const VerifyOptions& options = {});
+
+}  // namespace optiflow::compiler
