@@ -12,6 +12,10 @@ function(optiflow_target_settings target)
                                              -fno-sanitize-recover=all)
     target_link_options(${target} PRIVATE -fsanitize=address,undefined)
   endif()
+  if(OPTIFLOW_BUILD_FUZZERS)
+    # Coverage instrumentation for libFuzzer in every library the fuzz targets link.
+    target_compile_options(${target} PRIVATE -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer)
+  endif()
 endfunction()
 
 # optiflow_add_library(<component> SOURCES ... [DEPS ...] [PRIVATE_DEPS ...])
