@@ -1,0 +1,170 @@
+// Runs the optiflow binary as a user does and checks exit codes, output and files.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Run {
+  int rc = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / fmt::format("optiflow-e2e-{}-{}", ::getpid(),
+                                                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  Run run(const std::string& args) {
+    const fs::path out = dir_ / "stdout.txt";
+    const fs::path err = dir_ / "stderr.txt";
+    const std::string cmd = fmt::format("{} {} >{} 2>{}", OPTIFLOW_CLI, args, out.string(), err.string());
+    const int status = std::system(cmd.c_str());
+    Run r;
+    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = slurp(out);
+    r.err = slurp(err);
+    return r;
+  }
+
+  fs::path write(const std::string& name, const std::string& text) {
+    const fs::path p = dir_ / name;
+    std::ofstream(p, std::ios::binary) << text;
+    return p;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(Cli, PrintsItsVersion) {
+  const Run r = run("--version");
+  EXPECT_EQ(r.rc, 0);
+  EXPECT_NE(r.out.find("optiflow 0."), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, BadUsageExitsWithTwo) {
+  EXPECT_EQ(run("").rc, 2);
+  EXPECT_EQ(run("frobnicate").rc, 2);
+  EXPECT_EQ(run("verify").rc, 2);
+}
+
+TEST_F(Cli, ListsThePresets) {
+  const Run r = run("topo presets");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  for (const char* p : {"dgx-a100", "dgx-h100", "hgx-h200"}) EXPECT_NE(r.out.find(p), std::string::npos) << p;
+}
+
+TEST_F(Cli, ShowsDgxA100x4AsJson) {
+  const Run r = run("topo show dgx-a100x4 --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("nodes").get<int>(), 4);
+  EXPECT_EQ(j.at("gpus_per_node").get<int>(), 8);
+  EXPECT_EQ(j.at("n_ranks").get<int>(), 32);
+  ASSERT_EQ(j.at("gpus").size(), 32u);
+  const auto& nics = j.at("nics");
+  ASSERT_EQ(nics.size(), 8u);
+  for (const auto& nic : nics) EXPECT_DOUBLE_EQ(nic.at("bandwidth_gbytes_per_s").get<double>(), 25.0);
+}
+
+TEST_F(Cli, TopologyErrorsNameFileAndLine) {
+  const fs::path p = write("bad.toml", "name = \"x\"\nnodes = \"four\"\n");
+  const Run r = run(fmt::format("topo show {}", p.string()));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("bad.toml:2"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("nodes"), std::string::npos) << r.err;
+  const Run unknown = run("topo show no-such-preset");
+  EXPECT_EQ(unknown.rc, 2);
+  EXPECT_FALSE(unknown.err.empty());
+}
+
+TEST_F(Cli, RingFixturesVerifyAndCheckInBothFormats) {
+  for (const char* coll : {"allgather", "reducescatter", "allreduce"}) {
+    for (int ranks : {2, 5, 16, 64}) {
+      for (const char* format : {"json", "msccl-xml"}) {
+        const fs::path p = dir_ / fmt::format("{}-{}.{}", coll, ranks, format);
+        ASSERT_EQ(run(fmt::format("fixture --coll {} --ranks {} --channels 2 --format {} -o {}", coll, ranks, format,
+                                  p.string()))
+                      .rc,
+                  0);
+        const Run v = run(fmt::format("verify {}", p.string()));
+        EXPECT_EQ(v.rc, 0) << coll << " " << ranks << " " << format << "\n" << v.out << v.err;
+        EXPECT_NE(v.out.find("PROVEN"), std::string::npos);
+        const Run c = run(fmt::format("check {}", p.string()));
+        EXPECT_EQ(c.rc, 0) << coll << " " << ranks << " " << format << "\n" << c.out << c.err;
+        EXPECT_NE(c.out.find("PASSED"), std::string::npos);
+      }
+    }
+  }
+}
+
+TEST_F(Cli, BrokenScheduleIsRejectedByVerifyAndCheckWithALocation) {
+  const fs::path good = dir_ / "ag.json";
+  ASSERT_EQ(run(fmt::format("fixture --coll allgather --ranks 4 -o {}", good.string())).rc, 0);
+  auto j = nlohmann::json::parse(slurp(good));
+  // Rank 2 stores its last received chunk at the wrong offset: one output chunk stays empty, another is clobbered.
+  auto& steps = j["ranks"][2]["threadblocks"][0]["steps"];
+  auto& last = steps[steps.size() - 1];
+  last["dst"]["off"] = 0;
+  const fs::path bad = write("bad.json", j.dump());
+  const Run v = run(fmt::format("verify {}", bad.string()));
+  EXPECT_EQ(v.rc, 1) << v.out << v.err;
+  EXPECT_NE(v.out.find("rank 2"), std::string::npos) << v.out;
+  EXPECT_NE(v.out.find("NOT PROVEN"), std::string::npos) << v.out;
+  const Run vj = run(fmt::format("verify {} --json", bad.string()));
+  EXPECT_EQ(vj.rc, 1);
+  const auto report = nlohmann::json::parse(vj.out);
+  EXPECT_FALSE(report.at("proven").get<bool>());
+  EXPECT_FALSE(report.at("errors").empty());
+  const Run c = run(fmt::format("check {}", bad.string()));
+  EXPECT_EQ(c.rc, 1) << c.out << c.err;
+  EXPECT_NE(c.out.find("FAILED"), std::string::npos);
+}
+
+TEST_F(Cli, UnreadableOrMalformedSchedulesExitWithTwo) {
+  EXPECT_EQ(run(fmt::format("verify {}", (dir_ / "missing.json").string())).rc, 2);
+  const fs::path p = write("broken.xml", "<algo name=\"x\" proto=\"Simple\">\n  <gpu id=\"0\">\n</algo>\n");
+  const Run r = run(fmt::format("verify {}", p.string()));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("broken.xml:"), std::string::npos) << r.err;
+}
+
+TEST_F(Cli, ConvertRoundTripsThroughBothFormats) {
+  const fs::path xml = dir_ / "ar.xml";
+  ASSERT_EQ(run(fmt::format("fixture --coll allreduce --ranks 8 --channels 2 --in-place --format msccl-xml -o {}",
+                            xml.string()))
+                .rc,
+            0);
+  const fs::path json = dir_ / "ar.json";
+  ASSERT_EQ(run(fmt::format("convert {} --to json -o {}", xml.string(), json.string())).rc, 0);
+  const fs::path xml2 = dir_ / "ar2.xml";
+  ASSERT_EQ(run(fmt::format("convert {} --to msccl-xml -o {}", json.string(), xml2.string())).rc, 0);
+  EXPECT_EQ(slurp(xml), slurp(xml2));
+  EXPECT_EQ(run(fmt::format("verify {}", xml2.string())).rc, 0);
+}
+
+}  // namespace
