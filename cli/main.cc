@@ -1,1 +1,264 @@
-int main() { return 0; }
+// optiflow: one command-line tool over the OptiFlow libraries.
+// Exit status: 0 success (for verify/check: proven/passed), 1 the schedule is wrong, 2 bad usage or bad input.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <string>
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "optiflow/compiler/msccl_xml.h"
+#include "optiflow/compiler/schedule_io.h"
+#include "optiflow/compiler/verifier.h"
+#include "optiflow/core/collective.h"
+#include "optiflow/core/fixtures.h"
+#include "optiflow/core/topology.h"
+#include "optiflow/sim/reference_executor.h"
+
+namespace {
+
+using optiflow::core::BufferMode;
+using optiflow::core::Schedule;
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailed = 1;
+constexpr int kExitBadInput = 2;
+
+std::optional<BufferMode> parseMode(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  if (s == "in-place" || s == "inplace") return BufferMode::InPlace;
+  return BufferMode::OutOfPlace;
+}
+
+int writeOutput(const std::string& text, const std::string& path) {
+  if (path.empty() || path == "-") {
+    std::cout << text;
+    if (!text.empty() && text.back() != '\n') std::cout << '\n';
+    return kExitOk;
+  }
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  if (!out) {
+    fmt::print(stderr, "optiflow: cannot write {}\n", path);
+    return kExitBadInput;
+  }
+  return kExitOk;
+}
+
+std::optional<Schedule> loadOrReport(const std::string& path) {
+  auto loaded = optiflow::compiler::loadSchedule(path);
+  if (!loaded) {
+    fmt::print(stderr, "optiflow: {}\n", loaded.error().str());
+    return std::nullopt;
+  }
+  return std::move(loaded).value();
+}
+
+nlohmann::json findingJson(const optiflow::compiler::Finding& f) {
+  return {{"severity", f.severity == optiflow::compiler::Severity::Error ? "error" : "warning"},
+          {"property", std::string(optiflow::compiler::toString(f.property))},
+          {"mode", std::string(optiflow::core::toString(f.mode))},
+          {"rank", f.rank},
+          {"tb", f.tb},
+          {"step", f.step},
+          {"message", f.message}};
+}
+
+int cmdTopoPresets() {
+  for (const auto& p : optiflow::core::presets()) fmt::print("{:<12} {}\n", p.name, p.description);
+  fmt::print("\nAny preset takes a node count: <preset>x<N>, e.g. dgx-a100x4 (4 nodes).\n");
+  return kExitOk;
+}
+
+int cmdTopoShow(const std::string& what, bool json) {
+  auto topo = optiflow::core::loadTopology(what);
+  if (!topo) {
+    fmt::print(stderr, "optiflow: {}\n", topo.error().str());
+    return kExitBadInput;
+  }
+  if (json) {
+    std::cout << optiflow::core::topologyToJson(*topo).dump(2) << '\n';
+  } else {
+    std::cout << optiflow::core::describeTopology(*topo);
+  }
+  return kExitOk;
+}
+
+int cmdVerify(const std::string& path, bool json, const std::string& mode) {
+  auto s = loadOrReport(path);
+  if (!s) return kExitBadInput;
+  if (auto m = parseMode(mode)) {
+    s->inPlace = *m == BufferMode::InPlace;
+    s->outOfPlace = *m == BufferMode::OutOfPlace;
+  }
+  const auto report = optiflow::compiler::verify(*s);
+  if (json) {
+    nlohmann::json j;
+    j["file"] = path;
+    j["name"] = s->name;
+    j["collective"] = std::string(optiflow::core::toString(s->collective));
+    j["ranks"] = s->nRanks;
+    j["proven"] = report.proven;
+    j["steps"] = report.steps;
+    j["transfers"] = report.transfers;
+    j["modes"] = nlohmann::json::array();
+    for (auto m : report.modesChecked) j["modes"].push_back(std::string(optiflow::core::toString(m)));
+    j["errors"] = nlohmann::json::array();
+    for (const auto& f : report.errors) j["errors"].push_back(findingJson(f));
+    j["warnings"] = nlohmann::json::array();
+    for (const auto& f : report.warnings) j["warnings"].push_back(findingJson(f));
+    std::cout << j.dump(2) << '\n';
+  } else {
+    std::string modes;
+    for (auto m : report.modesChecked)
+      modes += fmt::format("{}{}", modes.empty() ? "" : ", ", optiflow::core::toString(m));
+    for (const auto& f : report.errors) fmt::print("error: {}\n", f.str());
+    for (const auto& f : report.warnings) fmt::print("warning: {}\n", f.str());
+    fmt::print("{}: {} {} on {} ranks, {} steps, {} transfers ({}): {}\n", path, s->name,
+               optiflow::core::toString(s->collective), s->nRanks, report.steps, report.transfers, modes,
+               report.proven ? "PROVEN" : fmt::format("NOT PROVEN ({} errors)", report.errors.size()));
+  }
+  return report.proven ? kExitOk : kExitFailed;
+}
+
+int cmdCheck(const std::string& path, bool json, const std::string& mode, int elements, std::uint64_t seed) {
+  auto s = loadOrReport(path);
+  if (!s) return kExitBadInput;
+  optiflow::sim::CheckOptions opts;
+  opts.mode = parseMode(mode);
+  opts.elementsPerChunk = elements;
+  opts.seed = seed;
+  const auto report = optiflow::sim::runReference(*s, opts);
+  if (json) {
+    nlohmann::json j;
+    j["file"] = path;
+    j["passed"] = report.passed;
+    j["elapsed_us"] = report.elapsed.count();
+    j["mismatch_count"] = report.mismatchCount;
+    j["modes"] = nlohmann::json::array();
+    for (auto m : report.modesRun) j["modes"].push_back(std::string(optiflow::core::toString(m)));
+    j["errors"] = report.errors;
+    j["mismatches"] = nlohmann::json::array();
+    for (const auto& mm : report.mismatches) {
+      j["mismatches"].push_back({{"mode", std::string(optiflow::core::toString(mm.mode))},
+                                 {"rank", mm.rank},
+                                 {"output_chunk", mm.outputIndex},
+                                 {"element", mm.element},
+                                 {"expected", mm.expected},
+                                 {"actual", mm.actual}});
+    }
+    std::cout << j.dump(2) << '\n';
+  } else {
+    for (const auto& e : report.errors) fmt::print("error: {}\n", e);
+    for (const auto& mm : report.mismatches) {
+      fmt::print("mismatch ({}): rank {} output chunk {} element {}: expected {} got {}\n",
+                 optiflow::core::toString(mm.mode), mm.rank, mm.outputIndex, mm.element, mm.expected, mm.actual);
+    }
+    fmt::print("{}: ran {} ranks with real float32 data in {:.1f} ms: {}\n", path, s->nRanks,
+               static_cast<double>(report.elapsed.count()) / 1000.0,
+               report.passed ? "PASSED" : fmt::format("FAILED ({} mismatched chunks)", report.mismatchCount));
+  }
+  return report.passed ? kExitOk : kExitFailed;
+}
+
+int cmdConvert(const std::string& path, const std::string& to, const std::string& dialect, const std::string& out) {
+  auto s = loadOrReport(path);
+  if (!s) return kExitBadInput;
+  if (to == "json")
+    return writeOutput(optiflow::compiler::formatSchedule(*s, optiflow::compiler::ScheduleFormat::Json), out);
+  std::optional<optiflow::core::MscclDialect> d;
+  if (dialect == "new") d = optiflow::core::MscclDialect::New;
+  if (dialect == "old-rt") d = optiflow::core::MscclDialect::OldRuntime;
+  if (dialect == "old") d = optiflow::core::MscclDialect::Old;
+  return writeOutput(optiflow::compiler::exportMscclXml(*s, d), out);
+}
+
+int cmdFixture(const std::string& coll, int ranks, int channels, bool inPlace, const std::string& format,
+               const std::string& out) {
+  optiflow::core::fixtures::RingOptions o{.nRanks = ranks, .channels = channels, .inPlace = inPlace};
+  Schedule s;
+  if (coll == "allgather") {
+    s = optiflow::core::fixtures::ringAllGather(o);
+  } else if (coll == "reducescatter") {
+    s = optiflow::core::fixtures::ringReduceScatter(o);
+  } else {
+    s = optiflow::core::fixtures::ringAllReduce(o);
+  }
+  const auto f =
+      format == "json" ? optiflow::compiler::ScheduleFormat::Json : optiflow::compiler::ScheduleFormat::MscclXml;
+  return writeOutput(optiflow::compiler::formatSchedule(s, f), out);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"optiflow: design, prove and time collective-communication schedules for GPU clusters"};
+  app.set_version_flag("--version", std::string("optiflow ") + OPTIFLOW_VERSION);
+  app.require_subcommand(1);
+  int rc = kExitOk;
+
+  auto* topo = app.add_subcommand("topo", "Cluster topologies: presets and files");
+  topo->require_subcommand(1);
+  topo->add_subcommand("presets", "List the built-in topology presets")->callback([&] { rc = cmdTopoPresets(); });
+  auto* show = topo->add_subcommand("show", "Show a preset (e.g. dgx-a100x4) or a TOML topology file");
+  std::string topoArg;
+  bool topoJson = false;
+  show->add_option("topology", topoArg, "Preset name or path to a .toml file")->required();
+  show->add_flag("--json", topoJson, "Print JSON");
+  show->callback([&] { rc = (cmdTopoShow(topoArg, topoJson)); });
+
+  std::string file;
+  bool json = false;
+  std::string mode;
+  auto* verify =
+      app.add_subcommand("verify", "Prove that a schedule (native JSON or MSCCL XML) computes its collective");
+  verify->add_option("file", file, "Schedule file")->required();
+  verify->add_flag("--json", json, "Print the report as JSON");
+  verify->add_option("--mode", mode, "Check only one buffer mode")->check(CLI::IsMember({"in-place", "out-of-place"}));
+  verify->callback([&] { rc = (cmdVerify(file, json, mode)); });
+
+  int elements = 8;
+  std::uint64_t seed = 1;
+  auto* check = app.add_subcommand("check", "Run a schedule on the CPU with real data and compare with the collective");
+  check->add_option("file", file, "Schedule file")->required();
+  check->add_flag("--json", json, "Print the report as JSON");
+  check->add_option("--mode", mode, "Run only one buffer mode")->check(CLI::IsMember({"in-place", "out-of-place"}));
+  check->add_option("--elements", elements, "float32 elements per chunk")->check(CLI::Range(1, 1 << 20));
+  check->add_option("--seed", seed, "Seed of the input data");
+  check->callback([&] { rc = (cmdCheck(file, json, mode, elements, seed)); });
+
+  std::string to = "json";
+  std::string dialect;
+  std::string out;
+  auto* convert = app.add_subcommand("convert", "Convert a schedule between native JSON and MSCCL XML");
+  convert->add_option("file", file, "Schedule file")->required();
+  convert->add_option("--to", to, "Output format")->check(CLI::IsMember({"json", "msccl-xml"}));
+  convert->add_option("--dialect", dialect, "MSCCL XML dialect (default: the schedule's own)")
+      ->check(CLI::IsMember({"new", "old-rt", "old"}));
+  convert->add_option("-o,--output", out, "Output file (default: standard output)");
+  convert->callback([&] { rc = (cmdConvert(file, to, dialect, out)); });
+
+  std::string coll = "allgather";
+  int ranks = 8;
+  int channels = 1;
+  bool inPlace = false;
+  std::string format = "json";
+  auto* fixture = app.add_subcommand("fixture", "Write a hand-built ring schedule (the tests' known-good inputs)");
+  fixture->add_option("--coll", coll, "Collective")->check(CLI::IsMember({"allgather", "reducescatter", "allreduce"}));
+  fixture->add_option("--ranks", ranks, "Number of ranks")->check(CLI::Range(1, 4096));
+  fixture->add_option("--channels", channels, "Parallel rings")->check(CLI::Range(1, 32));
+  fixture->add_flag("--in-place", inPlace, "Build the in-place variant");
+  fixture->add_option("--format", format, "Output format")->check(CLI::IsMember({"json", "msccl-xml"}));
+  fixture->add_option("-o,--output", out, "Output file (default: standard output)");
+  fixture->callback([&] { rc = (cmdFixture(coll, ranks, channels, inPlace, format, out)); });
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? kExitOk : kExitBadInput;
+  }
+  return rc;
+}

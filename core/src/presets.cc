@@ -1,1 +1,135 @@
-// placeholder: being written
+// Built-in node types. The numbers and their sources are listed in docs/topology.md ("Presets"); keep the two in
+// step when a value changes.
+#include <charconv>
+#include <filesystem>
+#include <system_error>
+
+#include <fmt/format.h>
+
+#include "optiflow/core/topology.h"
+
+namespace optiflow::core {
+
+namespace {
+
+struct NodeSpec {
+  std::string_view name;
+  std::string_view description;
+  std::string_view gpuType;
+  double nvswitchGBps;  // per GPU per direction
+  std::string_view nicModel;
+  double nicGbps;  // line rate, Gb/s
+};
+
+// NVLink hop: NCCL's per-hop NVLink latency for LL (tuning.cc); NIC: ~1 us RDMA one-way, switch: ~0.2 us per
+// hop (both calibration.md, marked unverified there). The simulator owns protocol costs on top of these.
+constexpr double kNvLinkHopUs = 0.6;
+constexpr double kNicLatencyUs = 1.0;
+constexpr double kIbSwitchHopUs = 0.2;
+constexpr int kGpusPerNode = 8;
+
+constexpr NodeSpec kSpecs[] = {
+    {"dgx-a100", "NVIDIA DGX A100: 8x A100 SXM4, NVSwitch 300 GB/s per GPU, 8x ConnectX-6 HDR 200 Gb/s rails",
+     "A100-SXM4", 300.0, "ConnectX-6 HDR", 200.0},
+    {"dgx-h100", "NVIDIA DGX H100: 8x H100 SXM5, NVSwitch 450 GB/s per GPU, 8x ConnectX-7 NDR 400 Gb/s rails",
+     "H100-SXM5", 450.0, "ConnectX-7 NDR", 400.0},
+    {"hgx-h200", "NVIDIA HGX H200: 8x H200 SXM, NVSwitch 450 GB/s per GPU, 8x 400 Gb/s NICs (ConnectX-7) rails",
+     "H200-SXM", 450.0, "ConnectX-7 NDR", 400.0},
+};
+
+Topology build(const NodeSpec& s, int nodes, std::string name) {
+  Topology t;
+  t.name = std::move(name);
+  t.nodes = nodes;
+  t.gpusPerNode = kGpusPerNode;
+  t.gpuType = std::string(s.gpuType);
+  t.intra.kind = IntraFabricKind::NvSwitch;
+  t.intra.gpuBandwidthGBps = s.nvswitchGBps;
+  t.intra.latencyUs = kNvLinkHopUs;
+  for (int g = 0; g < kGpusPerNode; ++g) {
+    // mlx5_N is what these systems name their compute NICs; one per GPU is the rail layout.
+    t.nics.push_back(Nic{fmt::format("mlx5_{}", g), s.nicGbps / 8, kNicLatencyUs, {g}});
+  }
+  t.inter.kind = InterFabricKind::RailOptimized;
+  t.inter.oversubscription = 1.0;
+  t.inter.switchLatencyUs = kIbSwitchHopUs;
+  return t;
+}
+
+const NodeSpec* findSpec(std::string_view name) {
+  for (const auto& s : kSpecs) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+std::string presetNames() {
+  std::string s;
+  for (const auto& p : kSpecs) s += fmt::format("{}{}", s.empty() ? "" : ", ", p.name);
+  return s;
+}
+
+// Whether `name` is meant as a preset: an exact name, or a name followed by 'x' and anything.
+const NodeSpec* presetPrefix(std::string_view name) {
+  for (const auto& s : kSpecs) {
+    if (name == s.name ||
+        (name.size() > s.name.size() && name.substr(0, s.name.size()) == s.name && name[s.name.size()] == 'x')) {
+      return &s;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::vector<PresetInfo> presets() {
+  std::vector<PresetInfo> out;
+  for (const auto& s : kSpecs) {
+    out.push_back(PresetInfo{std::string(s.name), std::string(s.description), std::string(s.gpuType), kGpusPerNode,
+                             kGpusPerNode, s.nicGbps / 8});
+  }
+  return out;
+}
+
+Result<Topology> presetTopology(std::string_view name) {
+  const Diagnostic unknown{"<preset>", 0, 0,
+                           fmt::format("unknown preset \"{}\"; presets are {} (one node), or <preset>x<N> for N nodes "
+                                       "(e.g. dgx-a100x4)",
+                                       name, presetNames())};
+  if (const NodeSpec* s = findSpec(name)) return build(*s, 1, std::string(name));
+  const NodeSpec* s = presetPrefix(name);
+  if (!s) return unknown;
+  std::string_view count = name.substr(s->name.size() + 1);
+  int n = 0;
+  auto [end, ec] = std::from_chars(count.data(), count.data() + count.size(), n);
+  bool digitsOnly = !count.empty() && count.find_first_not_of("0123456789") == std::string_view::npos;
+  if (!digitsOnly || (ec != std::errc() && ec != std::errc::result_out_of_range) ||
+      end != count.data() + count.size()) {
+    return Diagnostic{"<preset>", 0, 0,
+                      fmt::format("bad node count \"{}\" in preset \"{}\": expected {}x<N> with N a whole number in "
+                                  "1..{}",
+                                  count, name, s->name, Topology::kMaxNodes)};
+  }
+  if (ec == std::errc::result_out_of_range || n < 1 || n > Topology::kMaxNodes) {
+    return Diagnostic{"<preset>", 0, 0,
+                      fmt::format("node count {} in preset \"{}\" is out of range: expected 1..{}", count, name,
+                                  Topology::kMaxNodes)};
+  }
+  return build(*s, n, std::string(name));
+}
+
+Result<Topology> loadTopology(std::string_view presetOrPath) {
+  Result<Topology> preset = presetTopology(presetOrPath);
+  if (preset.ok()) return preset;
+  std::string path(presetOrPath);
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec)) return loadTopologyFile(path);
+  // Looks like a preset with a bad count: that error is the useful one.
+  if (presetPrefix(presetOrPath)) return preset;
+  return Diagnostic{path, 0, 0,
+                    fmt::format("not a built-in preset ({}, optionally with x<N> for N nodes) and not a readable "
+                                "topology file: no such file",
+                                presetNames())};
+}
+
+}  // namespace optiflow::core

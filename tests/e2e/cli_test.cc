@@ -17,7 +17,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Run {
+struct CliResult {
   int rc = -1;
   std::string out;
   std::string err;
@@ -39,12 +39,12 @@ class Cli : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  Run run(const std::string& args) {
+  CliResult run(const std::string& args) {
     const fs::path out = dir_ / "stdout.txt";
     const fs::path err = dir_ / "stderr.txt";
     const std::string cmd = fmt::format("{} {} >{} 2>{}", OPTIFLOW_CLI, args, out.string(), err.string());
     const int status = std::system(cmd.c_str());
-    Run r;
+    CliResult r;
     r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     r.out = slurp(out);
     r.err = slurp(err);
@@ -61,7 +61,7 @@ class Cli : public ::testing::Test {
 };
 
 TEST_F(Cli, PrintsItsVersion) {
-  const Run r = run("--version");
+  const CliResult r = run("--version");
   EXPECT_EQ(r.rc, 0);
   EXPECT_NE(r.out.find("optiflow 0."), std::string::npos) << r.out;
 }
@@ -73,13 +73,13 @@ TEST_F(Cli, BadUsageExitsWithTwo) {
 }
 
 TEST_F(Cli, ListsThePresets) {
-  const Run r = run("topo presets");
+  const CliResult r = run("topo presets");
   ASSERT_EQ(r.rc, 0) << r.err;
   for (const char* p : {"dgx-a100", "dgx-h100", "hgx-h200"}) EXPECT_NE(r.out.find(p), std::string::npos) << p;
 }
 
 TEST_F(Cli, ShowsDgxA100x4AsJson) {
-  const Run r = run("topo show dgx-a100x4 --json");
+  const CliResult r = run("topo show dgx-a100x4 --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j.at("nodes").get<int>(), 4);
@@ -93,11 +93,11 @@ TEST_F(Cli, ShowsDgxA100x4AsJson) {
 
 TEST_F(Cli, TopologyErrorsNameFileAndLine) {
   const fs::path p = write("bad.toml", "name = \"x\"\nnodes = \"four\"\n");
-  const Run r = run(fmt::format("topo show {}", p.string()));
+  const CliResult r = run(fmt::format("topo show {}", p.string()));
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.err.find("bad.toml:2"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("nodes"), std::string::npos) << r.err;
-  const Run unknown = run("topo show no-such-preset");
+  const CliResult unknown = run("topo show no-such-preset");
   EXPECT_EQ(unknown.rc, 2);
   EXPECT_FALSE(unknown.err.empty());
 }
@@ -111,10 +111,10 @@ TEST_F(Cli, RingFixturesVerifyAndCheckInBothFormats) {
                                   p.string()))
                       .rc,
                   0);
-        const Run v = run(fmt::format("verify {}", p.string()));
+        const CliResult v = run(fmt::format("verify {}", p.string()));
         EXPECT_EQ(v.rc, 0) << coll << " " << ranks << " " << format << "\n" << v.out << v.err;
         EXPECT_NE(v.out.find("PROVEN"), std::string::npos);
-        const Run c = run(fmt::format("check {}", p.string()));
+        const CliResult c = run(fmt::format("check {}", p.string()));
         EXPECT_EQ(c.rc, 0) << coll << " " << ranks << " " << format << "\n" << c.out << c.err;
         EXPECT_NE(c.out.find("PASSED"), std::string::npos);
       }
@@ -131,16 +131,16 @@ TEST_F(Cli, BrokenScheduleIsRejectedByVerifyAndCheckWithALocation) {
   auto& last = steps[steps.size() - 1];
   last["dst"]["off"] = 0;
   const fs::path bad = write("bad.json", j.dump());
-  const Run v = run(fmt::format("verify {}", bad.string()));
+  const CliResult v = run(fmt::format("verify {}", bad.string()));
   EXPECT_EQ(v.rc, 1) << v.out << v.err;
   EXPECT_NE(v.out.find("rank 2"), std::string::npos) << v.out;
   EXPECT_NE(v.out.find("NOT PROVEN"), std::string::npos) << v.out;
-  const Run vj = run(fmt::format("verify {} --json", bad.string()));
+  const CliResult vj = run(fmt::format("verify {} --json", bad.string()));
   EXPECT_EQ(vj.rc, 1);
   const auto report = nlohmann::json::parse(vj.out);
   EXPECT_FALSE(report.at("proven").get<bool>());
   EXPECT_FALSE(report.at("errors").empty());
-  const Run c = run(fmt::format("check {}", bad.string()));
+  const CliResult c = run(fmt::format("check {}", bad.string()));
   EXPECT_EQ(c.rc, 1) << c.out << c.err;
   EXPECT_NE(c.out.find("FAILED"), std::string::npos);
 }
@@ -148,7 +148,7 @@ TEST_F(Cli, BrokenScheduleIsRejectedByVerifyAndCheckWithALocation) {
 TEST_F(Cli, UnreadableOrMalformedSchedulesExitWithTwo) {
   EXPECT_EQ(run(fmt::format("verify {}", (dir_ / "missing.json").string())).rc, 2);
   const fs::path p = write("broken.xml", "<algo name=\"x\" proto=\"Simple\">\n  <gpu id=\"0\">\n</algo>\n");
-  const Run r = run(fmt::format("verify {}", p.string()));
+  const CliResult r = run(fmt::format("verify {}", p.string()));
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.err.find("broken.xml:"), std::string::npos) << r.err;
 }

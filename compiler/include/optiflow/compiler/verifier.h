@@ -33,13 +33,14 @@ enum class Severity : std::uint8_t { Error, Warning };
 struct Finding {
   Severity severity = Severity::Error;
   Property property = Property::Shape;
+  // Mode-independent findings (shape, references, connections, matching, hasdep, deadlock) carry the first mode.
   core::BufferMode mode = core::BufferMode::OutOfPlace;
   int rank = -1;  // -1 where not tied to one
   int tb = -1;    // thread block id
   int step = -1;  // step index in the block
   std::string message;
 
-  // "rank 3 tb 1 step 4: [race] ..." with the location parts that are known.
+  // "rank 3 tb 1 step 4 (in-place): [race] ..." with the location parts that are known.
   std::string str() const;
 };
 
@@ -54,9 +55,16 @@ struct VerifyReport {
   std::vector<Finding> errors;
   std::vector<Finding> warnings;
   std::size_t steps = 0;
-  std::size_t transfers = 0;  // matched send/receive pairs
+  std::size_t transfers = 0;           // matched send/receive pairs
+  std::size_t suppressedErrors = 0;    // errors found after maxErrors was reached (not in `errors`)
+  std::size_t suppressedWarnings = 0;  // likewise for warnings
 };
 
+// Checks, for every mode in core::supportedModes: shape and references, one connection per (peer, channel) and
+// direction, send/receive matching, freedom from deadlock (program order + dependencies + send->receive waits
+// acyclic), absence of data races (happens-before via vector clocks), then a symbolic execution proving that every
+// constrained output chunk holds exactly core::expectedOutput. Never throws and never crashes on malformed input:
+// broken references are reported as Property::Reference and the later phases are skipped.
 VerifyReport verify(const core::Schedule& schedule, const VerifyOptions& options = {});
 
 }  // namespace optiflow::compiler
