@@ -65,12 +65,21 @@ BufferSizes logicalSizes(const Schedule& s, int rank) {
   const int c = s.chunksPerLoop;
   b.scratch = (rank >= 0 && rank < static_cast<int>(s.ranks.size())) ? s.ranks[rank].scratchChunks : 0;
   switch (s.collective) {
-    case Collective::AllGather: b.input = share(s); b.output = c; break;
-    case Collective::ReduceScatter: b.input = c; b.output = share(s); break;
+    case Collective::AllGather:
+      b.input = share(s);
+      b.output = c;
+      break;
+    case Collective::ReduceScatter:
+      b.input = c;
+      b.output = share(s);
+      break;
     case Collective::AllReduce:
     case Collective::AllToAll:
     case Collective::Broadcast:
-    case Collective::Reduce: b.input = c; b.output = c; break;
+    case Collective::Reduce:
+      b.input = c;
+      b.output = c;
+      break;
     case Collective::Custom:
       b.input = rank < s.nRanks - 1 ? c : 0;
       b.output = rank > 0 ? c : 0;
@@ -159,13 +168,16 @@ std::vector<std::string> knownCustomKinds() { return {"alltonext"}; }
 double busBandwidthFactor(Collective c, int nRanks) {
   const double n = nRanks;
   switch (c) {
-    case Collective::AllReduce: return nRanks > 0 ? 2.0 * (n - 1) / n : 0.0;
+    case Collective::AllReduce:
+      return nRanks > 0 ? 2.0 * (n - 1) / n : 0.0;
     case Collective::AllGather:
     case Collective::ReduceScatter:
-    case Collective::AllToAll: return nRanks > 0 ? (n - 1) / n : 0.0;
+    case Collective::AllToAll:
+      return nRanks > 0 ? (n - 1) / n : 0.0;
     case Collective::Broadcast:
     case Collective::Reduce:
-    case Collective::Custom: return 1.0;
+    case Collective::Custom:
+      return 1.0;
   }
   return 1.0;
 }

@@ -8,46 +8,68 @@ namespace optiflow::core {
 
 std::string_view toString(Collective c) {
   switch (c) {
-    case Collective::AllGather: return "allgather";
-    case Collective::ReduceScatter: return "reducescatter";
-    case Collective::AllReduce: return "allreduce";
-    case Collective::Broadcast: return "broadcast";
-    case Collective::Reduce: return "reduce";
-    case Collective::AllToAll: return "alltoall";
-    case Collective::Custom: return "custom";
+    case Collective::AllGather:
+      return "allgather";
+    case Collective::ReduceScatter:
+      return "reducescatter";
+    case Collective::AllReduce:
+      return "allreduce";
+    case Collective::Broadcast:
+      return "broadcast";
+    case Collective::Reduce:
+      return "reduce";
+    case Collective::AllToAll:
+      return "alltoall";
+    case Collective::Custom:
+      return "custom";
   }
   return "?";
 }
 
 std::string_view toString(Protocol p) {
   switch (p) {
-    case Protocol::Simple: return "Simple";
-    case Protocol::LL: return "LL";
-    case Protocol::LL128: return "LL128";
+    case Protocol::Simple:
+      return "Simple";
+    case Protocol::LL:
+      return "LL";
+    case Protocol::LL128:
+      return "LL128";
   }
   return "?";
 }
 
 std::string_view toString(BufferKind b) {
   switch (b) {
-    case BufferKind::Input: return "input";
-    case BufferKind::Output: return "output";
-    case BufferKind::Scratch: return "scratch";
+    case BufferKind::Input:
+      return "input";
+    case BufferKind::Output:
+      return "output";
+    case BufferKind::Scratch:
+      return "scratch";
   }
   return "?";
 }
 
 std::string_view toString(StepOp op) {
   switch (op) {
-    case StepOp::Send: return "send";
-    case StepOp::Recv: return "recv";
-    case StepOp::RecvCopySend: return "recv_copy_send";
-    case StepOp::RecvReduceSend: return "recv_reduce_send";
-    case StepOp::RecvReduceCopy: return "recv_reduce_copy";
-    case StepOp::RecvReduceCopySend: return "recv_reduce_copy_send";
-    case StepOp::Copy: return "copy";
-    case StepOp::Reduce: return "reduce";
-    case StepOp::Nop: return "nop";
+    case StepOp::Send:
+      return "send";
+    case StepOp::Recv:
+      return "recv";
+    case StepOp::RecvCopySend:
+      return "recv_copy_send";
+    case StepOp::RecvReduceSend:
+      return "recv_reduce_send";
+    case StepOp::RecvReduceCopy:
+      return "recv_reduce_copy";
+    case StepOp::RecvReduceCopySend:
+      return "recv_reduce_copy_send";
+    case StepOp::Copy:
+      return "copy";
+    case StepOp::Reduce:
+      return "reduce";
+    case StepOp::Nop:
+      return "nop";
   }
   return "?";
 }

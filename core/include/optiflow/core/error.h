@@ -22,8 +22,8 @@ struct Diagnostic {
 template <typename T>
 class Result {
  public:
-  Result(T value) : v_(std::move(value)) {}                // NOLINT(google-explicit-constructor)
-  Result(Diagnostic error) : v_(std::move(error)) {}       // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}           // NOLINT(google-explicit-constructor)
+  Result(Diagnostic error) : v_(std::move(error)) {}  // NOLINT(google-explicit-constructor)
 
   bool ok() const { return std::holds_alternative<T>(v_); }
   explicit operator bool() const { return ok(); }

@@ -45,7 +45,7 @@ struct Step {
   int srcOff = -1;  // -1 where the file gives none
   BufferKind dstBuf = BufferKind::Output;
   int dstOff = -1;
-  int count = 1;  // contiguous chunks moved
+  int count = 1;              // contiguous chunks moved
   std::vector<StepRef> deps;  // steps of other blocks on this rank that must complete first
   bool hasDep = false;        // some other step waits on this one (MSCCL publishes a flag only then)
   friend bool operator==(const Step&, const Step&) = default;
@@ -92,9 +92,9 @@ struct Schedule {
   bool inPlace = false;
   bool outOfPlace = true;
   std::uint64_t minBytes = 0;
-  std::uint64_t maxBytes = 0;  // 0 = no upper limit
-  std::optional<std::string> redop;     // written by TACCL/TE-CCL; kept for lossless round trips
-  std::optional<int> nThreads;          // old runtime's optional nthreads
+  std::uint64_t maxBytes = 0;        // 0 = no upper limit
+  std::optional<std::string> redop;  // written by TACCL/TE-CCL; kept for lossless round trips
+  std::optional<int> nThreads;       // old runtime's optional nthreads
   MscclDialect dialect = MscclDialect::New;
   std::vector<RankProgram> ranks;  // ranks[r].rank == r
   friend bool operator==(const Schedule&, const Schedule&) = default;
