@@ -15,6 +15,7 @@ function(optiflow_target_settings target)
   if(OPTIFLOW_BUILD_FUZZERS)
     # Coverage instrumentation for libFuzzer in every library the fuzz targets link.
     target_compile_options(${target} PRIVATE -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer)
+    target_link_options(${target} PRIVATE -fsanitize=address,undefined)
   endif()
 endfunction()
 

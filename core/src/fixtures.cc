@@ -8,46 +8,56 @@ namespace {
 
 int mod(int a, int n) { return ((a % n) + n) % n; }
 
-Step makeStep(StepOp op, BufferKind sb, int so, BufferKind db, int dOff) {
-  Step st;
-  st.op = op;
-  st.srcBuf = sb;
-  st.srcOff = so;
-  st.dstBuf = db;
-  st.dstOff = dOff;
-  st.count = 1;
-  return st;
-}
-
 Schedule skeleton(const RingOptions& o, Collective c, std::string_view name) {
-  Schedule s;
+  Schedule s = emptySchedule(c, o.nRanks, o.nRanks * o.channels, o.inPlace);
   s.name = fmt::format("ring_{}_{}r_{}ch{}", name, o.nRanks, o.channels, o.inPlace ? "_inplace" : "");
-  s.collective = c;
   s.protocol = o.protocol;
-  s.nRanks = o.nRanks;
   s.nChannels = o.channels;
-  s.chunksPerLoop = o.nRanks * o.channels;
-  s.inPlace = o.inPlace;
-  s.outOfPlace = !o.inPlace;
-  s.ranks.resize(o.nRanks);
   for (int r = 0; r < o.nRanks; ++r) {
-    auto& rp = s.ranks[r];
-    rp.rank = r;
     for (int c2 = 0; c2 < o.channels; ++c2) {
-      ThreadBlock tb;
-      tb.id = c2;
-      tb.channel = c2;
-      if (o.nRanks > 1) {
-        tb.sendPeer = mod(r + 1, o.nRanks);
-        tb.recvPeer = mod(r - 1, o.nRanks);
-      }
-      rp.threadBlocks.push_back(tb);
+      const bool ring = o.nRanks > 1;
+      s.ranks[r].threadBlocks.push_back(
+          makeBlock(c2, ring ? mod(r + 1, o.nRanks) : -1, ring ? mod(r - 1, o.nRanks) : -1, c2));
     }
   }
   return s;
 }
 
 }  // namespace
+
+Step makeStep(StepOp op, BufferKind srcBuf, int srcOff, BufferKind dstBuf, int dstOff, int count) {
+  Step st;
+  st.op = op;
+  st.srcBuf = srcBuf;
+  st.srcOff = srcOff;
+  st.dstBuf = dstBuf;
+  st.dstOff = dstOff;
+  st.count = count;
+  return st;
+}
+
+ThreadBlock makeBlock(int id, int sendPeer, int recvPeer, int channel, std::vector<Step> steps) {
+  ThreadBlock tb;
+  tb.id = id;
+  tb.sendPeer = sendPeer;
+  tb.recvPeer = recvPeer;
+  tb.channel = channel;
+  tb.steps = std::move(steps);
+  return tb;
+}
+
+Schedule emptySchedule(Collective c, int nRanks, int chunksPerLoop, bool inPlace) {
+  Schedule s;
+  s.name = "hand";
+  s.collective = c;
+  s.nRanks = nRanks;
+  s.chunksPerLoop = chunksPerLoop;
+  s.inPlace = inPlace;
+  s.outOfPlace = !inPlace;
+  s.ranks.resize(nRanks);
+  for (int r = 0; r < nRanks; ++r) s.ranks[r].rank = r;
+  return s;
+}
 
 Schedule ringAllGather(const RingOptions& o) {
   Schedule s = skeleton(o, Collective::AllGather, "allgather");

@@ -31,39 +31,6 @@ constexpr auto I = BufferKind::Input;
 constexpr auto O = BufferKind::Output;
 constexpr auto S = BufferKind::Scratch;
 
-Step step(StepOp op, BufferKind sb, int so, BufferKind db, int dOff, int count = 1) {
-  Step st;
-  st.op = op;
-  st.srcBuf = sb;
-  st.srcOff = so;
-  st.dstBuf = db;
-  st.dstOff = dOff;
-  st.count = count;
-  return st;
-}
-
-ThreadBlock block(int id, int sendPeer, int recvPeer, int channel = 0) {
-  ThreadBlock tb;
-  tb.id = id;
-  tb.sendPeer = sendPeer;
-  tb.recvPeer = recvPeer;
-  tb.channel = channel;
-  return tb;
-}
-
-Schedule skeleton(Collective c, int n, int chunksPerLoop, bool inPlace) {
-  Schedule s;
-  s.name = "hand";
-  s.collective = c;
-  s.nRanks = n;
-  s.chunksPerLoop = chunksPerLoop;
-  s.inPlace = inPlace;
-  s.outOfPlace = !inPlace;
-  s.ranks.resize(n);
-  for (int r = 0; r < n; ++r) s.ranks[r].rank = r;
-  return s;
-}
-
 // Options with a few fields changed (designated initializers that skip fields trip -Wmissing-field-initializers).
 CheckOptions options(int elementsPerChunk = 8, std::chrono::milliseconds timeout = std::chrono::milliseconds(30000)) {
   CheckOptions o;
@@ -86,26 +53,26 @@ std::string describe(const CheckReport& r) {
 
 // Broadcast from `root`, straight from the root to every other rank, `cpl` chunks at once.
 Schedule directBroadcast(int n, int root, int cpl, bool inPlace) {
-  Schedule s = skeleton(Collective::Broadcast, n, cpl, inPlace);
+  Schedule s = fx::emptySchedule(Collective::Broadcast, n, cpl, inPlace);
   s.root = root;
   for (int r = 0; r < n; ++r) {
     auto& rp = s.ranks[r];
     if (r == root) {
       int id = 0;
       if (!inPlace) {
-        ThreadBlock tb = block(id++, -1, -1);
-        tb.steps.push_back(step(StepOp::Copy, I, 0, O, 0, cpl));
+        ThreadBlock tb = fx::makeBlock(id++, -1, -1);
+        tb.steps.push_back(fx::makeStep(StepOp::Copy, I, 0, O, 0, cpl));
         rp.threadBlocks.push_back(tb);
       }
       for (int p = 0; p < n; ++p) {
         if (p == root) continue;
-        ThreadBlock tb = block(id++, p, -1);
-        tb.steps.push_back(step(StepOp::Send, I, 0, O, 0, cpl));
+        ThreadBlock tb = fx::makeBlock(id++, p, -1);
+        tb.steps.push_back(fx::makeStep(StepOp::Send, I, 0, O, 0, cpl));
         rp.threadBlocks.push_back(tb);
       }
     } else {
-      ThreadBlock tb = block(0, -1, root);
-      tb.steps.push_back(step(StepOp::Recv, I, 0, O, 0, cpl));
+      ThreadBlock tb = fx::makeBlock(0, -1, root);
+      tb.steps.push_back(fx::makeStep(StepOp::Recv, I, 0, O, 0, cpl));
       rp.threadBlocks.push_back(tb);
     }
   }
@@ -114,17 +81,17 @@ Schedule directBroadcast(int n, int root, int cpl, bool inPlace) {
 
 // Reduce to rank 0 along the chain n-1 -> n-2 -> ... -> 0, one chunk per step.
 Schedule chainReduce(int n, int cpl) {
-  Schedule s = skeleton(Collective::Reduce, n, cpl, false);
+  Schedule s = fx::emptySchedule(Collective::Reduce, n, cpl, false);
   s.root = 0;
   for (int r = 0; r < n; ++r) {
-    ThreadBlock tb = block(0, r > 0 ? r - 1 : -1, r < n - 1 ? r + 1 : -1);
+    ThreadBlock tb = fx::makeBlock(0, r > 0 ? r - 1 : -1, r < n - 1 ? r + 1 : -1);
     for (int c = 0; c < cpl; ++c) {
       if (r == n - 1) {
-        tb.steps.push_back(step(StepOp::Send, I, c, I, c));
+        tb.steps.push_back(fx::makeStep(StepOp::Send, I, c, I, c));
       } else if (r > 0) {
-        tb.steps.push_back(step(StepOp::RecvReduceSend, I, c, I, c));
+        tb.steps.push_back(fx::makeStep(StepOp::RecvReduceSend, I, c, I, c));
       } else {
-        tb.steps.push_back(step(StepOp::RecvReduceCopy, I, c, O, c));
+        tb.steps.push_back(fx::makeStep(StepOp::RecvReduceCopy, I, c, O, c));
       }
     }
     s.ranks[r].threadBlocks.push_back(tb);
@@ -134,18 +101,18 @@ Schedule chainReduce(int n, int cpl) {
 
 // All-to-all with one block per peer: send my block for the peer, receive the peer's block for me.
 Schedule directAllToAll(int n, int k) {
-  Schedule s = skeleton(Collective::AllToAll, n, n * k, false);
+  Schedule s = fx::emptySchedule(Collective::AllToAll, n, n * k, false);
   for (int r = 0; r < n; ++r) {
     auto& rp = s.ranks[r];
-    ThreadBlock self = block(0, -1, -1);
-    self.steps.push_back(step(StepOp::Copy, I, r * k, O, r * k, k));
+    ThreadBlock self = fx::makeBlock(0, -1, -1);
+    self.steps.push_back(fx::makeStep(StepOp::Copy, I, r * k, O, r * k, k));
     rp.threadBlocks.push_back(self);
     int id = 1;
     for (int p = 0; p < n; ++p) {
       if (p == r) continue;
-      ThreadBlock tb = block(id++, p, p);
-      tb.steps.push_back(step(StepOp::Send, I, p * k, O, r * k, k));
-      tb.steps.push_back(step(StepOp::Recv, I, r * k, O, p * k, k));
+      ThreadBlock tb = fx::makeBlock(id++, p, p);
+      tb.steps.push_back(fx::makeStep(StepOp::Send, I, p * k, O, r * k, k));
+      tb.steps.push_back(fx::makeStep(StepOp::Recv, I, r * k, O, p * k, k));
       rp.threadBlocks.push_back(tb);
     }
   }
@@ -275,7 +242,7 @@ TEST(ReferenceExecutor, ScratchStartsPoisoned) {
   // Rank 1 copies a scratch chunk nobody wrote into its output.
   Schedule s = fx::ringAllGather({.nRanks = 2, .channels = 1});
   s.ranks[1].scratchChunks = 1;
-  s.ranks[1].threadBlocks[0].steps.push_back(step(StepOp::Copy, S, 0, O, 0));
+  s.ranks[1].threadBlocks[0].steps.push_back(fx::makeStep(StepOp::Copy, S, 0, O, 0));
   const CheckReport r = runReference(s);
   EXPECT_FALSE(r.passed);
   ASSERT_EQ(r.mismatchCount, 1u) << describe(r);
@@ -309,7 +276,7 @@ std::vector<Mutation> mutations() {
                [] {
                  Schedule s = fx::ringReduceScatter({.nRanks = 4, .channels = 1});
                  // Rank 0 adds its own contribution a second time after the ring delivered the sum.
-                 s.ranks[0].threadBlocks[0].steps.push_back(step(StepOp::Reduce, I, 0, O, 0));
+                 s.ranks[0].threadBlocks[0].steps.push_back(fx::makeStep(StepOp::Reduce, I, 0, O, 0));
                  return s;
                },
                true, std::nullopt});
@@ -351,14 +318,14 @@ std::vector<Mutation> mutations() {
   m.push_back({"unmatched send",
                [] {
                  Schedule s = fx::ringAllGather({.nRanks = 4, .channels = 1});
-                 s.ranks[3].threadBlocks[0].steps.push_back(step(StepOp::Send, I, 0, O, 3));
+                 s.ranks[3].threadBlocks[0].steps.push_back(fx::makeStep(StepOp::Send, I, 0, O, 3));
                  return s;
                },
                false, ErrorKind::Leftover});
   m.push_back({"receive without a sender",
                [] {
                  Schedule s = fx::ringAllGather({.nRanks = 4, .channels = 1});
-                 s.ranks[3].threadBlocks[0].steps.push_back(step(StepOp::Recv, O, 0, O, 0));
+                 s.ranks[3].threadBlocks[0].steps.push_back(fx::makeStep(StepOp::Recv, O, 0, O, 0));
                  return s;
                },
                false, ErrorKind::Hang});
@@ -479,8 +446,8 @@ TEST(ReferenceExecutor, InvalidReferencesAreReportedUpFront) {
        ErrorKind::Reference, "two thread blocks have id 0"},
       {"shared connection",
        [](Schedule& s) {
-         ThreadBlock extra = block(5, 1, -1);
-         extra.steps.push_back(step(StepOp::Send, I, 0, O, 0));
+         ThreadBlock extra = fx::makeBlock(5, 1, -1);
+         extra.steps.push_back(fx::makeStep(StepOp::Send, I, 0, O, 0));
          s.ranks[0].threadBlocks.push_back(extra);
        },
        ErrorKind::Connection, "both send to rank 1 on channel 0"},
@@ -579,7 +546,7 @@ Schedule racyAllGather(bool copyFirst) {
   Schedule s = fx::ringAllGather({.nRanks = 3, .channels = 1});
   auto& tbs = s.ranks[0].threadBlocks;
   auto& steps = tbs[0].steps;  // copy I0 -> O0, send, rcs, recv
-  ThreadBlock copier = block(1, -1, -1);
+  ThreadBlock copier = fx::makeBlock(1, -1, -1);
   copier.steps.push_back(steps[0]);
   steps.erase(steps.begin());
   steps[0].srcBuf = O;  // the send now reads the copy's destination

@@ -86,40 +86,6 @@ void expectSomeError(const VerifyReport& r, Property p, int rank, int tb, int st
                 << dump(r);
 }
 
-Step mk(StepOp op, BufferKind sb, int so, BufferKind db, int dOff, int count = 1) {
-  Step st;
-  st.op = op;
-  st.srcBuf = sb;
-  st.srcOff = so;
-  st.dstBuf = db;
-  st.dstOff = dOff;
-  st.count = count;
-  return st;
-}
-
-ThreadBlock tbOf(int id, int send, int recv, int channel, std::vector<Step> steps) {
-  ThreadBlock tb;
-  tb.id = id;
-  tb.sendPeer = send;
-  tb.recvPeer = recv;
-  tb.channel = channel;
-  tb.steps = std::move(steps);
-  return tb;
-}
-
-Schedule emptySchedule(Collective c, int n, int chunks, bool inPlace) {
-  Schedule s;
-  s.name = "hand";
-  s.collective = c;
-  s.nRanks = n;
-  s.chunksPerLoop = chunks;
-  s.inPlace = inPlace;
-  s.outOfPlace = !inPlace;
-  s.ranks.resize(n);
-  for (int r = 0; r < n; ++r) s.ranks[r].rank = r;
-  return s;
-}
-
 fx::RingOptions ring(int n, int ch = 1, bool inPlace = false) {
   fx::RingOptions o;
   o.nRanks = n;
@@ -225,12 +191,13 @@ TEST(VerifierMutation, SwappedReceiveOffsets) {
 
 TEST(VerifierMutation, SwappedReceiveOrderWithDifferentCounts) {
   // Rank 0 sends 2 chunks then 1; rank 1 receives 1 then 2.
-  Schedule s = emptySchedule(Collective::Broadcast, 2, 3, false);
+  Schedule s = fx::emptySchedule(Collective::Broadcast, 2, 3, false);
   s.ranks[0].threadBlocks.push_back(
-      tbOf(0, 1, -1, 0,
-           {mk(StepOp::Copy, I, 0, O, 0, 3), mk(StepOp::Send, I, 0, O, 0, 2), mk(StepOp::Send, I, 2, O, 2, 1)}));
-  s.ranks[1].threadBlocks.push_back(
-      tbOf(0, -1, 0, 0, {mk(StepOp::Recv, I, 2, O, 2, 1), mk(StepOp::Recv, I, 0, O, 0, 2)}));
+      fx::makeBlock(0, 1, -1, 0,
+                    {fx::makeStep(StepOp::Copy, I, 0, O, 0, 3), fx::makeStep(StepOp::Send, I, 0, O, 0, 2),
+                     fx::makeStep(StepOp::Send, I, 2, O, 2, 1)}));
+  s.ranks[1].threadBlocks.push_back(fx::makeBlock(
+      0, -1, 0, 0, {fx::makeStep(StepOp::Recv, I, 2, O, 2, 1), fx::makeStep(StepOp::Recv, I, 0, O, 0, 2)}));
   ASSERT_TRUE(verify([&] {
                 Schedule ok = s;
                 std::swap(ok.ranks[1].threadBlocks[0].steps[0], ok.ranks[1].threadBlocks[0].steps[1]);
@@ -246,7 +213,7 @@ TEST(VerifierMutation, DuplicatedReduction) {
   auto& steps = s.ranks[2].threadBlocks[0].steps;  // send, rrs, rrs, rrcs(own=2), rcs, rcs, recv
   ASSERT_EQ(steps[3].op, StepOp::RecvReduceCopySend);
   // Reduce the rank's own input into the already complete sum once more.
-  steps.insert(steps.begin() + 4, mk(StepOp::Reduce, I, 2, O, 2));
+  steps.insert(steps.begin() + 4, fx::makeStep(StepOp::Reduce, I, 2, O, 2));
   const VerifyReport r = verify(s);
   expectFirstError(r, Property::ReducedTwice, 2, 0, 4);
   expectSomeError(r, Property::Postcondition, 2, 0, 4);
@@ -258,7 +225,7 @@ TEST(VerifierMutation, ReduceScatterReducingOwnChunkTwice) {
   ASSERT_EQ(steps[2].op, StepOp::RecvReduceSend);
   // The second rrs combines the received partial sum with a chunk index it already contains (rank 0's input 3
   // arrives with rank 0's contribution; reducing rank 1's input 3 is right, reducing again in place is not).
-  steps.insert(steps.begin() + 1, mk(StepOp::Reduce, I, 3, I, 3));  // input[3] = input[3] + input[3]
+  steps.insert(steps.begin() + 1, fx::makeStep(StepOp::Reduce, I, 3, I, 3));  // input[3] = input[3] + input[3]
   const VerifyReport r = verify(s);
   expectFirstError(r, Property::ReducedTwice, 1, 0, 1);
 }
@@ -280,11 +247,11 @@ TEST(VerifierMutation, DependencyCycle) {
 
 TEST(VerifierMutation, CycleThroughTransfers) {
   // Two ranks that each receive before they send: waits across ranks only.
-  Schedule s = emptySchedule(Collective::AllGather, 2, 2, true);
+  Schedule s = fx::emptySchedule(Collective::AllGather, 2, 2, true);
   for (int r = 0; r < 2; ++r) {
     s.ranks[r].outputChunks = 2;
-    s.ranks[r].threadBlocks.push_back(
-        tbOf(0, 1 - r, 1 - r, 0, {mk(StepOp::Recv, O, 1 - r, O, 1 - r), mk(StepOp::Send, O, r, O, r)}));
+    s.ranks[r].threadBlocks.push_back(fx::makeBlock(
+        0, 1 - r, 1 - r, 0, {fx::makeStep(StepOp::Recv, O, 1 - r, O, 1 - r), fx::makeStep(StepOp::Send, O, r, O, r)}));
   }
   const VerifyReport r = verify(s);
   expectFirstError(r, Property::Deadlock, 0, 0, 0);
@@ -313,7 +280,7 @@ TEST(VerifierMutation, SendRecvCountMismatch) {
 TEST(VerifierMutation, ExtraUnmatchedSend) {
   Schedule s = fx::ringAllGather(ring(4));
   auto& steps = s.ranks[0].threadBlocks[0].steps;
-  steps.push_back(mk(StepOp::Send, I, 0, O, 0));
+  steps.push_back(fx::makeStep(StepOp::Send, I, 0, O, 0));
   const VerifyReport r = verify(s);
   expectFirstError(r, Property::Matching, 0, 0, static_cast<int>(steps.size()) - 1);
 }
@@ -321,7 +288,7 @@ TEST(VerifierMutation, ExtraUnmatchedSend) {
 TEST(VerifierMutation, ExtraUnmatchedReceive) {
   Schedule s = fx::ringAllGather(ring(4));
   auto& steps = s.ranks[3].threadBlocks[0].steps;
-  steps.push_back(mk(StepOp::Recv, I, 0, O, 0));
+  steps.push_back(fx::makeStep(StepOp::Recv, I, 0, O, 0));
   const VerifyReport r = verify(s);
   expectFirstError(r, Property::Matching, 3, 0, static_cast<int>(steps.size()) - 1);
 }
@@ -338,7 +305,7 @@ TEST(VerifierMutation, UnorderedWritesRace) {
   // A second block on rank 1 copies its input over output[3], which tb 0's last recv (chunk of rank 2) writes.
   const int last = static_cast<int>(s.ranks[1].threadBlocks[0].steps.size()) - 1;
   ASSERT_EQ(s.ranks[1].threadBlocks[0].steps.back().dstOff, 2);
-  s.ranks[1].threadBlocks.push_back(tbOf(1, -1, -1, 0, {mk(StepOp::Copy, I, 0, O, 2)}));
+  s.ranks[1].threadBlocks.push_back(fx::makeBlock(1, -1, -1, 0, {fx::makeStep(StepOp::Copy, I, 0, O, 2)}));
   const VerifyReport r = verify(s);
   expectFirstError(r, Property::Race, 1, kAny, kAny);
   const Finding& f = r.errors.front();
@@ -356,26 +323,27 @@ TEST(VerifierMutation, ReadWriteRaceAcrossBlocks) {
   Schedule s = fx::ringAllReduce(ring(2, 2, true));
   ASSERT_EQ(s.ranks[0].threadBlocks[0].steps[1].op, StepOp::RecvReduceCopySend);
   ASSERT_EQ(s.ranks[0].threadBlocks[0].steps[1].dstOff, 0);
-  s.ranks[0].threadBlocks.push_back(tbOf(2, -1, -1, 0, {mk(StepOp::Copy, I, 0, S, 0)}));
+  s.ranks[0].threadBlocks.push_back(fx::makeBlock(2, -1, -1, 0, {fx::makeStep(StepOp::Copy, I, 0, S, 0)}));
   s.ranks[0].scratchChunks = 1;
   expectFirstError(verify(s), Property::Race, 0, kAny, kAny);
 }
 
 TEST(VerifierMutation, RaceOrderedTransitivelyAcrossRanksIsNoRace) {
   // Rank 0 tb 1 reads output[1] only after a round trip through rank 1 that starts after tb 0 wrote it.
-  Schedule s = emptySchedule(Collective::Broadcast, 2, 2, false);
+  Schedule s = fx::emptySchedule(Collective::Broadcast, 2, 2, false);
+  s.ranks[0].threadBlocks.push_back(fx::makeBlock(
+      0, 1, -1, 0, {fx::makeStep(StepOp::Copy, I, 0, O, 0, 2), fx::makeStep(StepOp::Send, O, 0, O, 0, 2)}));
   s.ranks[0].threadBlocks.push_back(
-      tbOf(0, 1, -1, 0, {mk(StepOp::Copy, I, 0, O, 0, 2), mk(StepOp::Send, O, 0, O, 0, 2)}));
-  s.ranks[0].threadBlocks.push_back(tbOf(1, -1, 1, 0, {mk(StepOp::Recv, O, 0, S, 0, 1), mk(StepOp::Copy, S, 0, O, 0)}));
+      fx::makeBlock(1, -1, 1, 0, {fx::makeStep(StepOp::Recv, O, 0, S, 0, 1), fx::makeStep(StepOp::Copy, S, 0, O, 0)}));
   s.ranks[0].scratchChunks = 1;
-  s.ranks[1].threadBlocks.push_back(
-      tbOf(0, 0, 0, 0, {mk(StepOp::Recv, O, 0, O, 0, 2), mk(StepOp::Send, O, 0, S, 0, 1)}));
+  s.ranks[1].threadBlocks.push_back(fx::makeBlock(
+      0, 0, 0, 0, {fx::makeStep(StepOp::Recv, O, 0, O, 0, 2), fx::makeStep(StepOp::Send, O, 0, S, 0, 1)}));
   const VerifyReport r = verify(s);
   EXPECT_TRUE(r.proven) << dump(r);
   // Without the round trip (tb 1 copies before it receives) the copy races with tb 0's copy.
   Schedule bad = s;
   std::swap(bad.ranks[0].threadBlocks[1].steps[0], bad.ranks[0].threadBlocks[1].steps[1]);
-  bad.ranks[0].threadBlocks[1].steps[0] = mk(StepOp::Copy, I, 0, O, 0);
+  bad.ranks[0].threadBlocks[1].steps[0] = fx::makeStep(StepOp::Copy, I, 0, O, 0);
   expectFirstError(verify(bad), Property::Race, 0, kAny, kAny);
 }
 
@@ -432,7 +400,7 @@ TEST(VerifierMutation, UninitializedRead) {
 TEST(VerifierMutation, UninitializedScratchInReduce) {
   Schedule s = fx::ringAllReduce(ring(3));
   s.ranks[0].scratchChunks = 1;
-  s.ranks[0].threadBlocks[0].steps.push_back(mk(StepOp::Reduce, S, 0, O, 0));
+  s.ranks[0].threadBlocks[0].steps.push_back(fx::makeStep(StepOp::Reduce, S, 0, O, 0));
   expectFirstError(verify(s), Property::Uninitialized, 0, 0,
                    static_cast<int>(s.ranks[0].threadBlocks[0].steps.size()) - 1);
 }
@@ -462,15 +430,15 @@ TEST(VerifierMutation, BadPeers) {
 
 TEST(VerifierMutation, SharedConnection) {
   Schedule s = fx::ringAllGather(ring(4));
-  s.ranks[0].threadBlocks.push_back(tbOf(7, 1, -1, 0, {}));
+  s.ranks[0].threadBlocks.push_back(fx::makeBlock(7, 1, -1, 0, {}));
   expectFirstError(verify(s), Property::Connection, 0, 7, -1);
   Schedule t = fx::ringAllGather(ring(4));
-  t.ranks[0].threadBlocks.push_back(tbOf(7, -1, 3, 0, {}));
+  t.ranks[0].threadBlocks.push_back(fx::makeBlock(7, -1, 3, 0, {}));
   expectFirstError(verify(t), Property::Connection, 0, 7, -1);
   // Same peer on another channel is fine.
   Schedule u = fx::ringAllGather(ring(4));
   u.nChannels = 2;
-  u.ranks[0].threadBlocks.push_back(tbOf(7, 1, 3, 1, {}));
+  u.ranks[0].threadBlocks.push_back(fx::makeBlock(7, 1, 3, 1, {}));
   EXPECT_TRUE(verify(u).proven) << dump(verify(u));
 }
 
@@ -540,24 +508,24 @@ TEST(VerifierMutation, ErrorCapIsHonoured) {
 
 // Root 0 sends its whole buffer directly to every other rank.
 Schedule directBroadcast(int n, int c) {
-  Schedule s = emptySchedule(Collective::Broadcast, n, c, false);
+  Schedule s = fx::emptySchedule(Collective::Broadcast, n, c, false);
   s.root = 0;
   for (int r = 0; r < n; ++r) {
     s.ranks[r].inputChunks = c;
     s.ranks[r].outputChunks = c;
   }
   s.nChannels = 1;
-  s.ranks[0].threadBlocks.push_back(tbOf(0, -1, -1, 0, {mk(StepOp::Copy, I, 0, O, 0, c)}));
+  s.ranks[0].threadBlocks.push_back(fx::makeBlock(0, -1, -1, 0, {fx::makeStep(StepOp::Copy, I, 0, O, 0, c)}));
   for (int p = 1; p < n; ++p) {
-    s.ranks[0].threadBlocks.push_back(tbOf(p, p, -1, 0, {mk(StepOp::Send, I, 0, O, 0, c)}));
-    s.ranks[p].threadBlocks.push_back(tbOf(0, -1, 0, 0, {mk(StepOp::Recv, I, 0, O, 0, c)}));
+    s.ranks[0].threadBlocks.push_back(fx::makeBlock(p, p, -1, 0, {fx::makeStep(StepOp::Send, I, 0, O, 0, c)}));
+    s.ranks[p].threadBlocks.push_back(fx::makeBlock(0, -1, 0, 0, {fx::makeStep(StepOp::Recv, I, 0, O, 0, c)}));
   }
   return s;
 }
 
 // Every rank sends to the root, which folds the contributions in one after another.
 Schedule directReduce(int n) {
-  Schedule s = emptySchedule(Collective::Reduce, n, 1, false);
+  Schedule s = fx::emptySchedule(Collective::Reduce, n, 1, false);
   s.root = 1;
   for (int r = 0; r < n; ++r) {
     s.ranks[r].inputChunks = 1;
@@ -567,10 +535,10 @@ Schedule directReduce(int n) {
   int prev = -1;
   for (int p = 0; p < n; ++p) {
     if (p == 1) continue;
-    s.ranks[p].threadBlocks.push_back(tbOf(0, 1, -1, 0, {mk(StepOp::Send, I, 0, O, 0)}));
-    Step st = mk(StepOp::RecvReduceCopy, prev < 0 ? I : O, 0, O, 0);
+    s.ranks[p].threadBlocks.push_back(fx::makeBlock(0, 1, -1, 0, {fx::makeStep(StepOp::Send, I, 0, O, 0)}));
+    Step st = fx::makeStep(StepOp::RecvReduceCopy, prev < 0 ? I : O, 0, O, 0);
     if (prev >= 0) st.deps.push_back({prev, 0});
-    root.push_back(tbOf(p, -1, p, 0, {st}));
+    root.push_back(fx::makeBlock(p, -1, p, 0, {st}));
     prev = p;
   }
   optiflow::core::recomputeHasDep(s);
@@ -579,16 +547,17 @@ Schedule directReduce(int n) {
 
 // Each pair exchanges one chunk directly; a local block copies the rank's own chunk.
 Schedule directAllToAll(int n) {
-  Schedule s = emptySchedule(Collective::AllToAll, n, n, false);
+  Schedule s = fx::emptySchedule(Collective::AllToAll, n, n, false);
   for (int r = 0; r < n; ++r) {
     auto& rp = s.ranks[r];
     rp.inputChunks = n;
     rp.outputChunks = n;
-    rp.threadBlocks.push_back(tbOf(0, -1, -1, 0, {mk(StepOp::Copy, I, r, O, r)}));
+    rp.threadBlocks.push_back(fx::makeBlock(0, -1, -1, 0, {fx::makeStep(StepOp::Copy, I, r, O, r)}));
     for (int p = 0; p < n; ++p) {
       if (p == r) continue;
-      rp.threadBlocks.push_back(tbOf(static_cast<int>(rp.threadBlocks.size()), p, p, 0,
-                                     {mk(StepOp::Send, I, p, O, r), mk(StepOp::Recv, I, r, O, p)}));
+      rp.threadBlocks.push_back(
+          fx::makeBlock(static_cast<int>(rp.threadBlocks.size()), p, p, 0,
+                        {fx::makeStep(StepOp::Send, I, p, O, r), fx::makeStep(StepOp::Recv, I, r, O, p)}));
     }
   }
   return s;
@@ -601,10 +570,10 @@ TEST(VerifierHand, BroadcastProvenAndBroken) {
   s.ranks[0].threadBlocks[0].steps.clear();  // the root forgets its own output
   expectFirstError(verify(s), Property::Postcondition, 0, -1, -1);
   Schedule t = directBroadcast(3, 1);
-  t.ranks[1].threadBlocks.push_back(tbOf(1, 2, -1, 0, {mk(StepOp::Send, I, 0, O, 0)}));
+  t.ranks[1].threadBlocks.push_back(fx::makeBlock(1, 2, -1, 0, {fx::makeStep(StepOp::Send, I, 0, O, 0)}));
   t.ranks[2].threadBlocks[0].recvPeer = -1;
   t.ranks[2].threadBlocks[0].steps.clear();
-  t.ranks[2].threadBlocks.push_back(tbOf(1, -1, 1, 0, {mk(StepOp::Recv, I, 0, O, 0)}));
+  t.ranks[2].threadBlocks.push_back(fx::makeBlock(1, -1, 1, 0, {fx::makeStep(StepOp::Recv, I, 0, O, 0)}));
   t.ranks[0].threadBlocks.pop_back();  // root no longer sends to rank 2
   expectFirstError(verify(t), Property::Uninitialized, 1, 1, 0);
 }
@@ -635,21 +604,22 @@ TEST(VerifierHand, AllToAllProvenAndBroken) {
 TEST(VerifierHand, OneShotAllReduceWarnsAboutReductionOrder) {
   // Every rank sends its chunk to both others and reduces (own + first peer) + second peer itself.
   const int n = 3;
-  Schedule s = emptySchedule(Collective::AllReduce, n, 1, false);
+  Schedule s = fx::emptySchedule(Collective::AllReduce, n, 1, false);
   for (int r = 0; r < n; ++r) {
     auto& rp = s.ranks[r];
     rp.inputChunks = 1;
     rp.outputChunks = 1;
     rp.scratchChunks = 2;
-    std::vector<Step> fold = {mk(StepOp::Copy, I, 0, O, 0)};
+    std::vector<Step> fold = {fx::makeStep(StepOp::Copy, I, 0, O, 0)};
     for (int k = 0; k < n - 1; ++k) {
       const int p = (r + 1 + k) % n;
-      rp.threadBlocks.push_back(tbOf(k, p, p, k, {mk(StepOp::Send, I, 0, S, 0), mk(StepOp::Recv, I, 0, S, k)}));
-      Step re = mk(StepOp::Reduce, S, k, O, 0);
+      rp.threadBlocks.push_back(
+          fx::makeBlock(k, p, p, k, {fx::makeStep(StepOp::Send, I, 0, S, 0), fx::makeStep(StepOp::Recv, I, 0, S, k)}));
+      Step re = fx::makeStep(StepOp::Reduce, S, k, O, 0);
       re.deps.push_back({k, 1});
       fold.push_back(re);
     }
-    rp.threadBlocks.push_back(tbOf(n - 1, -1, -1, 0, fold));
+    rp.threadBlocks.push_back(fx::makeBlock(n - 1, -1, -1, 0, fold));
   }
   s.nChannels = n;
   // Pairing needs the same channel in both directions: rank r's k-th peer p = r+1+k sees r as its (n-2-k)-th.
