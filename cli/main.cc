@@ -159,7 +159,9 @@ int cmdCheck(const std::string& path, bool json, const std::string& mode, int el
     }
     fmt::print("{}: ran {} ranks with real float32 data in {:.1f} ms: {}\n", path, s->nRanks,
                static_cast<double>(report.elapsed.count()) / 1000.0,
-               report.passed ? "PASSED" : fmt::format("FAILED ({} mismatched chunks)", report.mismatchCount));
+               report.passed ? "PASSED"
+                             : fmt::format("FAILED ({} errors, {} mismatched chunks)", report.errors.size(),
+                                           report.mismatchCount));
   }
   return report.passed ? kExitOk : kExitFailed;
 }

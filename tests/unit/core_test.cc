@@ -4,6 +4,7 @@
 #include "optiflow/core/error.h"
 #include "optiflow/core/fixtures.h"
 #include "optiflow/core/schedule.h"
+#include "optiflow/core/units.h"
 
 namespace optiflow::core {
 namespace {
@@ -99,6 +100,46 @@ TEST(Diagnostic, FormatsTheKnownParts) {
   EXPECT_EQ((Diagnostic{"a.toml", 3, 7, "expected an integer"}).str(), "a.toml:3:7: expected an integer");
   EXPECT_EQ((Diagnostic{"a.toml", 3, 0, "x"}).str(), "a.toml:3: x");
   EXPECT_EQ((Diagnostic{"", 0, 0, "x"}).str(), "x");
+}
+
+}  // namespace
+}  // namespace optiflow::core
+
+namespace optiflow::core {
+namespace {
+
+TEST(Units, ParsesSizesTheWayNcclTestsPrintsThem) {
+  EXPECT_EQ(*parseSize("4096"), 4096u);
+  EXPECT_EQ(*parseSize("64K"), 65536u);
+  EXPECT_EQ(*parseSize("1MiB"), 1u << 20);
+  EXPECT_EQ(*parseSize("1.5KiB"), 1536u);
+  EXPECT_EQ(*parseSize(" 2GB "), 2ull << 30);
+  EXPECT_FALSE(parseSize("1.3B").ok());
+  EXPECT_FALSE(parseSize("12 parsecs").ok());
+  EXPECT_FALSE(parseSize("-1").ok());
+  EXPECT_NE(parseSize("1ZiB").error().message.find("unknown unit"), std::string::npos);
+}
+
+TEST(Units, SizeListsExpandRangesByFactor) {
+  auto r = parseSizeList("1KiB:1MiB");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->size(), 11u);
+  EXPECT_EQ(r->front(), 1024u);
+  EXPECT_EQ(r->back(), 1u << 20);
+  auto f = parseSizeList("1KiB:1MiB:4,8,8");
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(*f, (std::vector<std::uint64_t>{8, 1024, 4096, 16384, 65536, 262144, 1048576}));
+  EXPECT_FALSE(parseSizeList("1MiB:1KiB").ok());
+  EXPECT_FALSE(parseSizeList("1KiB:1MiB:1").ok());
+  EXPECT_FALSE(parseSizeList("").ok());
+}
+
+TEST(Units, FormatsSizes) {
+  EXPECT_EQ(formatSize(1000), "1000B");
+  EXPECT_EQ(formatSize(1024), "1KiB");
+  EXPECT_EQ(formatSize(1536), "1.5KiB");
+  EXPECT_EQ(formatSize(1ull << 30), "1GiB");
+  EXPECT_DOUBLE_EQ(gbps(1e6, 10), 100.0);
 }
 
 }  // namespace
