@@ -1,1 +1,71 @@
+// Simulator cost: ring schedules from core::fixtures on DGX A100 clusters of 32 and 1024 GPUs.
+// Run: ./build/<preset>/bench/sim_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+// Targets (issue 3): 1024-GPU ring All-Gather < 2 s, 32 GPUs < 10 ms, peak memory < 1 GiB.
+#include <sys/resource.h>
+
+#include <cstdint>
+#include <string>
+
 #include <benchmark/benchmark.h>
+
+#include "optiflow/core/fixtures.h"
+#include "optiflow/core/topology.h"
+#include "optiflow/sim/network.h"
+#include "optiflow/sim/simulator.h"
+
+namespace {
+
+using optiflow::core::Schedule;
+namespace fixtures = optiflow::core::fixtures;
+namespace sim = optiflow::sim;
+
+double peakRssMiB() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+enum class Kind { AllGather, AllReduce };
+
+void runRing(benchmark::State& state, const std::string& topo, Kind kind) {
+  auto t = optiflow::core::presetTopology(topo);
+  if (!t) {
+    state.SkipWithError("unknown preset");
+    return;
+  }
+  auto net = sim::Network::build(*t);
+  if (!net) {
+    state.SkipWithError("network");
+    return;
+  }
+  fixtures::RingOptions o;
+  o.nRanks = t->nRanks();
+  const Schedule s = kind == Kind::AllGather ? fixtures::ringAllGather(o) : fixtures::ringAllReduce(o);
+  const auto size = static_cast<std::uint64_t>(state.range(0));
+  double simUs = 0;
+  std::uint64_t events = 0;
+  for (auto _ : state) {
+    auto r = sim::simulate(s, *net, size);
+    if (!r.ok) {
+      state.SkipWithError(r.error.c_str());
+      return;
+    }
+    simUs = r.timeUs;
+    events = r.events;
+    benchmark::DoNotOptimize(r.timeUs);
+  }
+  state.counters["steps"] = static_cast<double>(optiflow::core::totalSteps(s));
+  state.counters["events"] = static_cast<double>(events);
+  state.counters["sim_time_us"] = simUs;
+  state.counters["peak_rss_MiB"] = peakRssMiB();
+}
+
+void BM_RingAllGather_32(benchmark::State& s) { runRing(s, "dgx-a100x4", Kind::AllGather); }
+void BM_RingAllGather_1024(benchmark::State& s) { runRing(s, "dgx-a100x128", Kind::AllGather); }
+void BM_RingAllReduce_1024(benchmark::State& s) { runRing(s, "dgx-a100x128", Kind::AllReduce); }
+
+BENCHMARK(BM_RingAllGather_32)->Arg(1 << 20)->Arg(1 << 30)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_RingAllGather_1024)->Arg(1 << 20)->Arg(1 << 30)->Unit(benchmark::kMillisecond)->Iterations(1);
+BENCHMARK(BM_RingAllReduce_1024)->Arg(1 << 30)->Unit(benchmark::kMillisecond)->Iterations(1);
+
+}  // namespace

@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "commands.h"
 #include "optiflow/compiler/msccl_xml.h"
 #include "optiflow/compiler/schedule_io.h"
 #include "optiflow/compiler/verifier.h"
@@ -23,9 +24,9 @@ namespace {
 using optiflow::core::BufferMode;
 using optiflow::core::Schedule;
 
-constexpr int kExitOk = 0;
-constexpr int kExitFailed = 1;
-constexpr int kExitBadInput = 2;
+using optiflow::cli::kExitBadInput;
+using optiflow::cli::kExitFailed;
+using optiflow::cli::kExitOk;
 
 std::optional<BufferMode> parseMode(const std::string& s) {
   if (s.empty()) return std::nullopt;
@@ -257,10 +258,40 @@ int main(int argc, char** argv) {
   fixture->add_option("-o,--output", out, "Output file (default: standard output)");
   fixture->callback([&] { rc = (cmdFixture(coll, ranks, channels, inPlace, format, out)); });
 
+  optiflow::cli::PerfArgs perf;
+  auto addPerfOptions = [&perf](CLI::App* cmd, bool withCollective) {
+    cmd->add_option("--topo", perf.topology, "Preset (e.g. dgx-a100x4) or TOML topology file")->required();
+    if (withCollective) {
+      cmd->add_option("--coll", perf.collective, "Collective")
+          ->check(CLI::IsMember({"allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall"}));
+    }
+    cmd->add_option("--sizes", perf.sizes, "Sizes as nccl-tests counts them: 1KiB:1GiB[:factor] or a list");
+    cmd->add_option("--launch", perf.launch, "Kernel launch the simulator charges")
+        ->check(CLI::IsMember({"graph", "host"}));
+    cmd->add_flag("--json", perf.json, "Print JSON rows");
+  };
+  auto* simulate = app.add_subcommand("simulate", "Time a schedule on a topology with the event simulator");
+  simulate->add_option("schedule", file, "Schedule file (native JSON or MSCCL XML)")->required();
+  addPerfOptions(simulate, false);
+  simulate->add_option("--protocol", perf.protocol, "Force a protocol")
+      ->check(CLI::IsMember({"LL", "LL128", "Simple"}));
+  simulate->callback([&] { rc = optiflow::cli::runSimulate(file, perf); });
+  auto* bound = app.add_subcommand("bound", "Lower bound on the time of a collective on a topology");
+  addPerfOptions(bound, true);
+  bound->callback([&] { rc = optiflow::cli::runBound(perf); });
+  auto* baseline = app.add_subcommand("baseline", "NCCL's own choice and predicted time (its cost model)");
+  addPerfOptions(baseline, true);
+  baseline->add_flag("--simulate", perf.simulateNccl, "Also time NCCL's algorithm as a schedule with the simulator");
+  baseline->callback([&] { rc = optiflow::cli::runBaseline(perf); });
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? kExitOk : kExitBadInput;
+  } catch (const std::exception& e) {
+    // Library code reports bad input through Result; this is the last line of defence for anything else.
+    fmt::print(stderr, "optiflow: {}\n", e.what());
+    return kExitBadInput;
   }
   return rc;
 }

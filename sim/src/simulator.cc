@@ -1,1 +1,973 @@
-// placeholder: being written
+#include "optiflow/sim/simulator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <queue>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "optiflow/core/collective.h"
+#include "optiflow/core/units.h"
+
+namespace optiflow::sim {
+
+std::string_view toString(WaitKind k) {
+  switch (k) {
+    case WaitKind::Start:
+      return "start";
+    case WaitKind::BlockOrder:
+      return "block-order";
+    case WaitKind::Dependency:
+      return "dependency";
+    case WaitKind::DataHead:
+      return "data-head";
+    case WaitKind::DataTail:
+      return "data-tail";
+  }
+  return "?";
+}
+
+namespace {
+
+using core::StepOp;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+bool isLocal(StepOp op) { return op == StepOp::Copy || op == StepOp::Reduce; }
+// Inline copies of core::opSends/opReceives for the hot loop; keep them identical to core/src/schedule.cc.
+constexpr bool sends(StepOp op) {
+  return op == StepOp::Send || op == StepOp::RecvCopySend || op == StepOp::RecvReduceSend ||
+         op == StepOp::RecvReduceCopySend;
+}
+constexpr bool receives(StepOp op) {
+  return op == StepOp::Recv || op == StepOp::RecvCopySend || op == StepOp::RecvReduceSend ||
+         op == StepOp::RecvReduceCopy || op == StepOp::RecvReduceCopySend;
+}
+
+SimResult failure(std::string msg, std::uint64_t size) {
+  SimResult r;
+  r.ok = false;
+  r.error = std::move(msg);
+  r.sizeBytes = size;
+  return r;
+}
+
+struct BlockInfo {
+  int rank = 0;
+  int tbId = 0;
+  int first = 0;  // global step index of its first step
+  int n = 0;
+};
+
+struct StepInfo {
+  int block = 0;
+  int recvFrom = -1;  // global step of the matching send (receiving ops)
+  int sendTo = -1;    // global step of the matching receive (sending ops)
+  int conn = -1;      // connection of the outgoing transfer (sending ops)
+  int depStart = 0;
+  int nDeps = 0;
+  int count = 0;
+  StepOp op = StepOp::Nop;
+};
+
+struct Conn {
+  int src = 0;
+  int dst = 0;
+  int pathStart = 0;
+  int pathLen = 0;
+  double hopUs = 0;  // head/tail delay: max(path latency, protocol hop latency) + network overhead
+};
+
+// Instance flags.
+constexpr std::uint8_t kStarted = 1;
+constexpr std::uint8_t kDone = 2;
+constexpr std::uint8_t kDrained = 4;       // its outgoing flow has drained (end holds the drain time)
+constexpr std::uint8_t kHeadSent = 8;      // sender: the head of its data was delivered to the receiver
+constexpr std::uint8_t kTailArrived = 16;  // sender: the tail of its data arrived (tail holds the time)
+constexpr std::uint8_t kEndByInput = 32;   // its end was set by its input's tail
+
+enum class Ev : std::uint8_t { StepEnd, FlowDrain, Head, Tail };
+
+struct Event {
+  double time;
+  std::uint64_t seq;
+  int a;                 // instance or flow id
+  std::uint32_t packed;  // flow version << 2 | type
+  Ev type() const { return static_cast<Ev>(packed & 3u); }
+  std::uint32_t version() const { return packed >> 2; }
+};
+
+struct EventLater {
+  bool operator()(const Event& x, const Event& y) const {
+    if (x.time != y.time) return x.time > y.time;
+    return x.seq > y.seq;
+  }
+};
+
+struct Flow {
+  int inst = -1;
+  int conn = -1;
+  double wire = 0;       // total wire bytes
+  double remaining = 0;  // wire bytes left at `last`
+  double rate = 0;       // wire bytes per us
+  double last = 0;
+  double maxRate = kInf;      // min(cap, every link's effective capacity)
+  std::uint32_t version = 0;  // 30 bits travel in events; wraps harmlessly
+  bool fresh = false;         // started, no drain event scheduled yet
+};
+
+class Engine {
+ public:
+  Engine(const core::Schedule& s, const Network& net, std::uint64_t size, const SimParams& p)
+      : s_(s), net_(net), size_(size), p_(p) {}
+
+  SimResult run();
+
+ private:
+  std::string prepare();
+  void initLinks();
+  void simulateExact();
+  // events
+  // Events at the current time go to a FIFO (they would pop after every heap event of this time anyway, having
+  // larger sequence numbers), which keeps the heap small; the order is exactly that of one (time, seq) heap.
+  void push(double t, Ev type, int a, std::uint32_t version = 0) {
+    Event e{t, seq_++, a, (version << 2) | static_cast<std::uint32_t>(type)};
+    if (t == now_) {
+      nowQ_.push_back(e);
+    } else {
+      q_.push(e);
+    }
+  }
+  void resolve(int inst, int cause, WaitKind kind);
+  void start(int inst);
+  void finishStep(int inst, double t, bool byInput, int inputInst);
+  void onStepEnd(int inst);
+  void onDrain(int flow);
+  void onHead(int sendInst);
+  void onTail(int sendInst);
+  void inputTailArrived(int recvInst, int sendInst);
+  // flows
+  void startFlow(int inst);
+  void settle(Flow& f) {
+    f.remaining -= f.rate * (now_ - f.last);
+    f.last = now_;
+  }
+  bool binding(int l) const { return sumMax_[l] > cap_[l] * (1 + 1e-9); }
+  void recompute(const std::vector<int>& seeds);
+  void applyRates();
+  void linkAdd(int l, int flow);
+  void linkRemove(int l, int flow);
+
+  int instOf(int iter, int g) const { return iter * nSteps_ + g; }
+  int stepOf(int inst) const { return inst % nSteps_; }
+  int iterOf(int inst) const { return inst / nSteps_; }
+  double dataBytes(int g) const { return steps_[g].count * iterChunk_; }
+  std::span<const int> connPath(int c) const {
+    return std::span<const int>(connPaths_).subspan(conns_[c].pathStart, conns_[c].pathLen);
+  }
+
+  const core::Schedule& s_;
+  const Network& net_;
+  std::uint64_t size_;
+  const SimParams& p_;
+  int proto_ = 0;
+  double eff_ = 1;
+  double slice_ = 0;
+
+  std::vector<BlockInfo> blocks_;
+  std::vector<StepInfo> steps_;
+  std::vector<int> deps_;               // global step ids
+  std::vector<int> revStart_, revIds_;  // dependents of each step (CSR)
+  std::vector<Conn> conns_;
+  std::vector<int> connPaths_;
+  int nSteps_ = 0;
+
+  // sizes
+  double chunkBytes_ = 0;
+  double iterChunk_ = 0;
+  std::uint64_t iterations_ = 1;
+  int exactIters_ = 1;
+  double t0_ = 0;
+
+  // instances
+  std::vector<double> start_, end_, tail_;
+  std::vector<int> pending_, cause_;
+  std::vector<std::uint8_t> flags_, waitKind_;
+  std::vector<int> flowOf_;  // per instance: active flow id (-1)
+
+  // flows and links
+  std::vector<Flow> flows_;
+  std::vector<int> freeFlows_;
+  std::vector<double> cap_;  // effective wire bytes per us
+  std::vector<double> sumMax_;
+  std::vector<std::vector<int>> linkFlows_;
+  std::vector<double> busySince_, busyUs_, linkBytes_;
+  // scratch for recompute
+  std::vector<std::uint32_t> flowStamp_, linkStamp_;
+  std::uint32_t stamp_ = 0;
+  std::vector<int> compFlows_, compLinks_, seedBuf_;
+  std::vector<double> rem_;
+  std::vector<int> cnt_;
+  std::vector<std::uint32_t> linkVer_;
+  std::vector<char> frozen_;
+  std::vector<double> newRate_;
+
+  std::priority_queue<Event, std::vector<Event>, EventLater> q_;
+  std::vector<Event> nowQ_;  // FIFO of events at now_
+  std::size_t nowHead_ = 0;
+  std::uint64_t seq_ = 0;
+  std::uint64_t events_ = 0;
+  double now_ = 0;
+};
+
+std::string Engine::prepare() {
+  const int n = s_.nRanks;
+  if (n != net_.nRanks()) {
+    return fmt::format("schedule '{}' has {} ranks but topology '{}' has {}", s_.name, n, net_.topology().name,
+                       net_.nRanks());
+  }
+  if (static_cast<int>(s_.ranks.size()) != n) {
+    return fmt::format("schedule '{}' declares {} ranks but has {} rank programs", s_.name, n, s_.ranks.size());
+  }
+  if (s_.chunksPerLoop <= 0) return fmt::format("chunksPerLoop must be positive, got {}", s_.chunksPerLoop);
+
+  // Blocks and steps.
+  std::uint64_t total = 0;
+  for (const auto& rp : s_.ranks) {
+    for (const auto& tb : rp.threadBlocks) total += tb.steps.size();
+  }
+  if (total > static_cast<std::uint64_t>(std::numeric_limits<int>::max() / 2) || total > p_.maxStepInstances) {
+    return fmt::format("schedule has {} steps, above the simulator's limit of {} (SimParams::maxStepInstances)", total,
+                       p_.maxStepInstances);
+  }
+  nSteps_ = static_cast<int>(total);
+  steps_.resize(total);
+  std::vector<std::vector<int>> rankBlocks(n);  // global block indices per rank
+  for (int r = 0; r < n; ++r) {
+    const auto& rp = s_.ranks[r];
+    for (int b = 0; b < static_cast<int>(rp.threadBlocks.size()); ++b) {
+      const auto& tb = rp.threadBlocks[b];
+      auto where = [&] { return fmt::format("rank {} tb {}", r, tb.id); };
+      if (tb.sendPeer != -1 && (tb.sendPeer < 0 || tb.sendPeer >= n || tb.sendPeer == r)) {
+        return fmt::format("{}: send peer {} is not another rank in [0, {})", where(), tb.sendPeer, n);
+      }
+      if (tb.recvPeer != -1 && (tb.recvPeer < 0 || tb.recvPeer >= n || tb.recvPeer == r)) {
+        return fmt::format("{}: receive peer {} is not another rank in [0, {})", where(), tb.recvPeer, n);
+      }
+      if (tb.channel < 0 || tb.channel >= (1 << 20))
+        return fmt::format("{}: channel {} out of range", where(), tb.channel);
+      for (int b2 = 0; b2 < b; ++b2) {
+        if (rp.threadBlocks[b2].id == tb.id) return fmt::format("rank {}: two thread blocks with id {}", r, tb.id);
+      }
+      BlockInfo bi;
+      bi.rank = r;
+      bi.tbId = tb.id;
+      bi.first = blocks_.empty() ? 0 : blocks_.back().first + blocks_.back().n;
+      bi.n = static_cast<int>(tb.steps.size());
+      rankBlocks[r].push_back(static_cast<int>(blocks_.size()));
+      blocks_.push_back(bi);
+    }
+  }
+  // Steps, dependencies.
+  for (int gb = 0; gb < static_cast<int>(blocks_.size()); ++gb) {
+    const auto& bi = blocks_[gb];
+    const auto& rp = s_.ranks[bi.rank];
+    const auto& tb = rp.threadBlocks[gb - rankBlocks[bi.rank].front()];
+    for (int i = 0; i < bi.n; ++i) {
+      const auto& st = tb.steps[i];
+      auto& si = steps_[bi.first + i];
+      si.block = gb;
+      si.op = st.op;
+      si.count = st.count;
+      auto where = [&] { return fmt::format("rank {} tb {} step {}", bi.rank, tb.id, i); };
+      if (static_cast<int>(st.op) > static_cast<int>(StepOp::Nop)) return fmt::format("{}: unknown op", where());
+      if (st.op != StepOp::Nop && st.count <= 0) return fmt::format("{}: count {} must be positive", where(), st.count);
+      if (sends(st.op) && tb.sendPeer < 0) return fmt::format("{}: sends but the block has no send peer", where());
+      if (receives(st.op) && tb.recvPeer < 0) {
+        return fmt::format("{}: receives but the block has no receive peer", where());
+      }
+      si.depStart = static_cast<int>(deps_.size());
+      for (const auto& d : st.deps) {
+        int tbi = core::findThreadBlock(rp, d.tb);
+        if (tbi < 0) return fmt::format("{}: depends on thread block {} which does not exist", where(), d.tb);
+        const auto& dtb = rp.threadBlocks[tbi];
+        if (d.step < 0 || d.step >= static_cast<int>(dtb.steps.size())) {
+          return fmt::format("{}: depends on step {} of tb {}, which has {} steps", where(), d.step, d.tb,
+                             dtb.steps.size());
+        }
+        deps_.push_back(blocks_[rankBlocks[bi.rank][tbi]].first + d.step);
+      }
+      si.nDeps = static_cast<int>(deps_.size()) - si.depStart;
+    }
+  }
+  revStart_.assign(nSteps_ + 1, 0);
+  for (int d : deps_) ++revStart_[d + 1];
+  for (int g = 0; g < nSteps_; ++g) revStart_[g + 1] += revStart_[g];
+  revIds_.resize(deps_.size());
+  {
+    std::vector<int> pos(revStart_.begin(), revStart_.end() - 1);
+    for (int g = 0; g < nSteps_; ++g) {
+      for (int k = 0; k < steps_[g].nDeps; ++k) revIds_[pos[deps_[steps_[g].depStart + k]]++] = g;
+    }
+  }
+
+  // Connections: (sender, receiver, channel); the k-th send pairs with the k-th receive.
+  std::unordered_map<std::uint64_t, std::pair<int, int>> connBlocks;  // key -> (sending block, receiving block)
+  auto key = [](int a, int b, int ch) {
+    return (static_cast<std::uint64_t>(a) << 42) | (static_cast<std::uint64_t>(b) << 21) |
+           static_cast<std::uint64_t>(ch);
+  };
+  std::vector<std::uint64_t> keyOrder;
+  for (int gb = 0; gb < static_cast<int>(blocks_.size()); ++gb) {
+    const auto& bi = blocks_[gb];
+    const auto& tb = s_.ranks[bi.rank].threadBlocks[gb - rankBlocks[bi.rank].front()];
+    bool anySend = false, anyRecv = false;
+    for (int i = 0; i < bi.n; ++i) {
+      anySend = anySend || sends(steps_[bi.first + i].op);
+      anyRecv = anyRecv || receives(steps_[bi.first + i].op);
+    }
+    if (anySend) {
+      auto k = key(bi.rank, tb.sendPeer, tb.channel);
+      auto [it, fresh] = connBlocks.try_emplace(k, -1, -1);
+      if (fresh) keyOrder.push_back(k);
+      if (it->second.first >= 0) {
+        return fmt::format("rank {}: thread blocks {} and {} both send to rank {} on channel {}", bi.rank,
+                           blocks_[it->second.first].tbId, tb.id, tb.sendPeer, tb.channel);
+      }
+      it->second.first = gb;
+    }
+    if (anyRecv) {
+      auto k = key(tb.recvPeer, bi.rank, tb.channel);
+      auto [it, fresh] = connBlocks.try_emplace(k, -1, -1);
+      if (fresh) keyOrder.push_back(k);
+      if (it->second.second >= 0) {
+        return fmt::format("rank {}: thread blocks {} and {} both receive from rank {} on channel {}", bi.rank,
+                           blocks_[it->second.second].tbId, tb.id, tb.recvPeer, tb.channel);
+      }
+      it->second.second = gb;
+    }
+  }
+  std::vector<int> sendList, recvList;
+  for (auto k : keyOrder) {
+    const auto [sb, rb] = connBlocks[k];
+    const int src = static_cast<int>(k >> 42);
+    const int dst = static_cast<int>((k >> 21) & ((1u << 21) - 1));
+    const int ch = static_cast<int>(k & ((1u << 21) - 1));
+    sendList.clear();
+    recvList.clear();
+    if (sb >= 0) {
+      for (int i = 0; i < blocks_[sb].n; ++i) {
+        if (sends(steps_[blocks_[sb].first + i].op)) sendList.push_back(blocks_[sb].first + i);
+      }
+    }
+    if (rb >= 0) {
+      for (int i = 0; i < blocks_[rb].n; ++i) {
+        if (receives(steps_[blocks_[rb].first + i].op)) recvList.push_back(blocks_[rb].first + i);
+      }
+    }
+    if (sendList.size() != recvList.size()) {
+      return fmt::format("connection {} -> {} on channel {}: {} sends but {} receives", src, dst, ch, sendList.size(),
+                         recvList.size());
+    }
+    Conn c;
+    c.src = src;
+    c.dst = dst;
+    Path path = net_.path(src, dst);
+    if (path.empty()) return fmt::format("no network path from rank {} to rank {}", src, dst);
+    c.pathStart = static_cast<int>(connPaths_.size());
+    c.pathLen = static_cast<int>(path.size());
+    double lat = 0;
+    int cls = 0;
+    for (int l : path) {
+      connPaths_.push_back(l);
+      lat += net_.link(l).latencyUs;
+      cls = std::max(cls, static_cast<int>(hopClassOf(net_.link(l).kind)));
+    }
+    c.hopUs = std::max(lat, p_.hopLatencyUs[cls][proto_]);
+    if (cls == static_cast<int>(HopClass::Net)) {
+      c.hopUs += p_.netOverheadUs * (proto_ == protocolIndex(core::Protocol::Simple) ? p_.netOverheadSimpleFactor : 1);
+    }
+    const int ci = static_cast<int>(conns_.size());
+    conns_.push_back(c);
+    for (std::size_t k2 = 0; k2 < sendList.size(); ++k2) {
+      auto& ss = steps_[sendList[k2]];
+      auto& rs = steps_[recvList[k2]];
+      if (ss.count != rs.count) {
+        return fmt::format("connection {} -> {} on channel {}: message {} is {} chunks sent but {} received", src, dst,
+                           ch, k2, ss.count, rs.count);
+      }
+      ss.sendTo = recvList[k2];
+      ss.conn = ci;
+      rs.recvFrom = sendList[k2];
+    }
+  }
+  return {};
+}
+
+void Engine::initLinks() {
+  const auto& links = net_.links();
+  const std::size_t nl = links.size();
+  cap_.resize(nl);
+  for (std::size_t l = 0; l < nl; ++l) {
+    cap_[l] = links[l].bandwidthGBps * 1e3 * p_.linkEfficiency[static_cast<int>(hopClassOf(links[l].kind))];
+  }
+  sumMax_.assign(nl, 0);
+  linkFlows_.assign(nl, {});
+  busySince_.assign(nl, 0);
+  busyUs_.assign(nl, 0);
+  linkBytes_.assign(nl, 0);
+  linkStamp_.assign(nl, 0);
+  rem_.assign(nl, 0);
+  cnt_.assign(nl, 0);
+  linkVer_.assign(nl, 0);
+}
+
+void Engine::linkAdd(int l, int flow) {
+  if (linkFlows_[l].empty()) busySince_[l] = now_;
+  linkFlows_[l].push_back(flow);
+  sumMax_[l] += flows_[flow].maxRate;
+}
+
+void Engine::linkRemove(int l, int flow) {
+  auto& v = linkFlows_[l];
+  auto it = std::find(v.begin(), v.end(), flow);
+  if (it != v.end()) {
+    *it = v.back();
+    v.pop_back();
+  }
+  if (v.empty()) {
+    busyUs_[l] += now_ - busySince_[l];
+    sumMax_[l] = 0;  // no drift
+  } else {
+    sumMax_[l] -= flows_[flow].maxRate;
+  }
+}
+
+// Max-min fair rates for the flows connected to `seeds` through binding links (progressive filling with a lazy
+// heap over link shares). Links that cannot saturate even if every flow on them ran at its own maximum never
+// constrain anything and are skipped, which keeps components small on fat fabrics.
+void Engine::recompute(const std::vector<int>& seeds) {
+  ++stamp_;
+  if (flowStamp_.size() < flows_.size()) flowStamp_.resize(flows_.size(), 0);
+  compFlows_.clear();
+  compLinks_.clear();
+  for (int f : seeds) {
+    if (flowStamp_[f] == stamp_) continue;
+    flowStamp_[f] = stamp_;
+    compFlows_.push_back(f);
+  }
+  for (std::size_t i = 0; i < compFlows_.size(); ++i) {
+    for (int l : connPath(flows_[compFlows_[i]].conn)) {
+      if (linkStamp_[l] == stamp_ || !binding(l)) continue;
+      linkStamp_[l] = stamp_;
+      compLinks_.push_back(l);
+      for (int g : linkFlows_[l]) {
+        if (flowStamp_[g] != stamp_) {
+          flowStamp_[g] = stamp_;
+          compFlows_.push_back(g);
+        }
+      }
+    }
+  }
+  if (frozen_.size() < flows_.size()) {
+    frozen_.resize(flows_.size(), 0);
+    newRate_.resize(flows_.size(), 0);
+  }
+  if (compFlows_.size() == 1) {
+    newRate_[compFlows_[0]] = flows_[compFlows_[0]].maxRate;  // alone: its own bottleneck
+    applyRates();
+    return;
+  }
+  // Progressive filling.
+  if (frozen_.size() < flows_.size()) {
+    frozen_.resize(flows_.size(), 0);
+    newRate_.resize(flows_.size(), 0);
+  }
+  using HeapItem = std::pair<double, int>;  // (share, link)
+  std::priority_queue<HeapItem, std::vector<HeapItem>, std::greater<>> heap;
+  for (int l : compLinks_) {
+    rem_[l] = cap_[l];
+    cnt_[l] = static_cast<int>(linkFlows_[l].size());
+    heap.push({rem_[l] / cnt_[l], l});
+  }
+  std::sort(compFlows_.begin(), compFlows_.end(), [&](int a, int b) {
+    if (flows_[a].maxRate != flows_[b].maxRate) return flows_[a].maxRate < flows_[b].maxRate;
+    return a < b;
+  });
+  for (int f : compFlows_) frozen_[f] = 0;
+  std::size_t capIdx = 0;
+  std::size_t left = compFlows_.size();
+  auto freeze = [&](int f, double rate) {
+    frozen_[f] = 1;
+    newRate_[f] = rate;
+    --left;
+    for (int l : connPath(flows_[f].conn)) {
+      if (linkStamp_[l] != stamp_) continue;
+      rem_[l] -= rate;
+      if (--cnt_[l] > 0) heap.push({std::max(0.0, rem_[l]) / cnt_[l], l});
+    }
+  };
+  while (left > 0) {
+    while (capIdx < compFlows_.size() && frozen_[compFlows_[capIdx]]) ++capIdx;
+    double linkShare = kInf;
+    int link = -1;
+    while (!heap.empty()) {
+      auto [sh, l] = heap.top();
+      if (cnt_[l] <= 0 || sh != std::max(0.0, rem_[l]) / cnt_[l]) {
+        heap.pop();
+        continue;
+      }
+      linkShare = sh;
+      link = l;
+      break;
+    }
+    const double capShare = capIdx < compFlows_.size() ? flows_[compFlows_[capIdx]].maxRate : kInf;
+    if (capShare <= linkShare) {
+      freeze(compFlows_[capIdx], capShare);
+    } else if (link >= 0) {
+      heap.pop();
+      for (int f : linkFlows_[link]) {
+        if (!frozen_[f]) freeze(f, linkShare);
+      }
+    } else {
+      break;  // cannot happen: every flow has a finite maxRate
+    }
+  }
+  applyRates();
+}
+
+void Engine::applyRates() {
+  for (int f : compFlows_) {
+    Flow& fl = flows_[f];
+    const double r = newRate_[f];
+    if (!fl.fresh && r == fl.rate) continue;
+    settle(fl);
+    fl.rate = r;
+    fl.fresh = false;
+    fl.version = (fl.version + 1) & 0x3fffffffu;
+    const double dt = fl.remaining <= fl.wire * 1e-12 ? 0.0 : fl.remaining / r;
+    push(now_ + dt, Ev::FlowDrain, f, fl.version);
+  }
+}
+
+void Engine::startFlow(int inst) {
+  const int g = stepOf(inst);
+  const auto& si = steps_[g];
+  int f;
+  if (!freeFlows_.empty()) {
+    f = freeFlows_.back();
+    freeFlows_.pop_back();
+  } else {
+    f = static_cast<int>(flows_.size());
+    flows_.emplace_back();
+  }
+  Flow& fl = flows_[f];
+  fl.inst = inst;
+  fl.conn = si.conn;
+  fl.wire = dataBytes(g) / eff_;
+  fl.remaining = fl.wire;
+  fl.rate = 0;
+  fl.last = now_;
+  fl.fresh = true;
+  double mx = p_.flowCapGBps[proto_] > 0 ? p_.flowCapGBps[proto_] * 1e3 / eff_ : kInf;
+  for (int l : connPath(si.conn)) mx = std::min(mx, cap_[l]);
+  fl.maxRate = mx;
+  flowOf_[inst] = f;
+  const double hop = conns_[si.conn].hopUs;
+  if (fl.wire <= 0) {
+    fl.version = (fl.version + 1) & 0x3fffffffu;
+    fl.fresh = false;
+    push(now_, Ev::FlowDrain, f, fl.version);
+    push(now_ + hop, Ev::Head, inst);
+    return;
+  }
+  for (int l : connPath(si.conn)) linkAdd(l, f);
+  seedBuf_.assign(1, f);
+  recompute(seedBuf_);
+  // Head: the hop latency plus one slice at the starting rate (cut-through at slice granularity).
+  const double firstSlice = std::min(dataBytes(g), slice_) / eff_;
+  push(now_ + hop + firstSlice / flows_[f].rate, Ev::Head, inst);
+}
+
+void Engine::onDrain(int f) {
+  Flow& fl = flows_[f];
+  const int inst = fl.inst;
+  settle(fl);
+  if (fl.wire > 0) {
+    seedBuf_.clear();
+    for (int l : connPath(fl.conn)) {
+      linkBytes_[l] += fl.wire;
+      // Only a link that could bind (with f still on it) can pass f's freed share to others.
+      if (!binding(l)) continue;
+      for (int g : linkFlows_[l]) {
+        if (g != f) seedBuf_.push_back(g);
+      }
+    }
+    for (int l : connPath(fl.conn)) linkRemove(l, f);
+    fl.version = (fl.version + 1) & 0x3fffffffu;  // keeps reuse of the id safe
+    fl.inst = -1;
+    freeFlows_.push_back(f);
+    if (!seedBuf_.empty()) recompute(seedBuf_);
+  } else {
+    fl.inst = -1;
+    freeFlows_.push_back(f);
+  }
+  flowOf_[inst] = -1;
+  const int g = stepOf(inst);
+  push(now_ + conns_[steps_[g].conn].hopUs, Ev::Tail, inst);
+  flags_[inst] |= kDrained;
+  end_[inst] = now_;  // drain time until the step really ends
+  const StepOp op = steps_[g].op;
+  if (!receives(op)) {
+    finishStep(inst, now_, false, -1);
+    return;
+  }
+  const int in = instOf(iterOf(inst), steps_[g].recvFrom);
+  if (flags_[in] & kTailArrived) {
+    const double lag = (now_ - start_[inst]) * std::min(1.0, dataBytes(g) > 0 ? slice_ / dataBytes(g) : 1.0);
+    const double t = tail_[in] + lag;
+    if (t > now_) {
+      finishStep(inst, t, true, in);
+    } else {
+      finishStep(inst, now_, false, -1);
+    }
+  }
+}
+
+void Engine::finishStep(int inst, double t, bool byInput, int inputInst) {
+  end_[inst] = t;
+  if (byInput) {
+    flags_[inst] |= kEndByInput;
+    cause_[inst] = inputInst;  // the critical path follows the input from here
+    waitKind_[inst] = static_cast<std::uint8_t>(WaitKind::DataTail);
+  }
+  push(t, Ev::StepEnd, inst);
+}
+
+void Engine::onHead(int sendInst) {
+  if (flags_[sendInst] & kHeadSent) return;
+  flags_[sendInst] |= kHeadSent;
+  const int recv = instOf(iterOf(sendInst), steps_[stepOf(sendInst)].sendTo);
+  resolve(recv, sendInst, WaitKind::DataHead);
+}
+
+void Engine::onTail(int sendInst) {
+  onHead(sendInst);  // a head never arrives after its tail
+  flags_[sendInst] |= kTailArrived;
+  tail_[sendInst] = now_;
+  const int recv = instOf(iterOf(sendInst), steps_[stepOf(sendInst)].sendTo);
+  if (flags_[recv] & kStarted) inputTailArrived(recv, sendInst);
+}
+
+// The input of a started receiving step has fully arrived (now).
+void Engine::inputTailArrived(int recv, int sendInst) {
+  const int g = stepOf(recv);
+  const StepOp op = steps_[g].op;
+  if (flags_[recv] & kDone) return;
+  if (!sends(op)) {
+    finishStep(recv, now_, true, sendInst);
+    return;
+  }
+  if (flags_[recv] & kDrained) {
+    const double lag = (end_[recv] - start_[recv]) * std::min(1.0, dataBytes(g) > 0 ? slice_ / dataBytes(g) : 1.0);
+    finishStep(recv, now_ + lag, true, sendInst);
+  }
+}
+
+void Engine::resolve(int inst, int cause, WaitKind kind) {
+  if (--pending_[inst] > 0) return;
+  cause_[inst] = cause;
+  waitKind_[inst] = static_cast<std::uint8_t>(kind);
+  start(inst);
+}
+
+void Engine::start(int inst) {
+  flags_[inst] |= kStarted;
+  start_[inst] = now_;
+  const int g = stepOf(inst);
+  const StepOp op = steps_[g].op;
+  if (op == StepOp::Nop) {
+    finishStep(inst, now_, false, -1);
+    return;
+  }
+  if (isLocal(op)) {
+    const double rate = p_.localCopyGBps > 0 ? p_.localCopyGBps * 1e3 : kInf;
+    finishStep(inst, now_ + dataBytes(g) / rate, false, -1);
+    return;
+  }
+  if (sends(op)) {
+    startFlow(inst);  // receiving-and-forwarding ops also wait for their input's tail (onDrain)
+    return;
+  }
+  // Pure receives end when the input's tail has arrived.
+  const int in = instOf(iterOf(inst), steps_[g].recvFrom);
+  if (flags_[in] & kTailArrived) finishStep(inst, now_, false, -1);
+}
+
+void Engine::onStepEnd(int inst) {
+  flags_[inst] |= kDone;
+  const int it = iterOf(inst);
+  const int g = stepOf(inst);
+  const auto& bi = blocks_[steps_[g].block];
+  if (g + 1 < bi.first + bi.n) {
+    resolve(instOf(it, g + 1), inst, WaitKind::BlockOrder);
+  } else if (it + 1 < exactIters_ && bi.n > 0) {
+    resolve(instOf(it + 1, bi.first), inst, WaitKind::BlockOrder);
+  }
+  for (int k = revStart_[g]; k < revStart_[g + 1]; ++k) resolve(instOf(it, revIds_[k]), inst, WaitKind::Dependency);
+}
+
+void Engine::simulateExact() {
+  const std::size_t ni = static_cast<std::size_t>(nSteps_) * exactIters_;
+  start_.assign(ni, 0);
+  end_.assign(ni, 0);
+  tail_.assign(ni, 0);
+  pending_.assign(ni, 0);
+  cause_.assign(ni, -1);
+  flags_.assign(ni, 0);
+  waitKind_.assign(ni, 0);
+  flowOf_.assign(ni, -1);
+  for (int it = 0; it < exactIters_; ++it) {
+    for (int g = 0; g < nSteps_; ++g) {
+      const auto& si = steps_[g];
+      int p = si.nDeps + (receives(si.op) ? 1 : 0);
+      if (g != blocks_[si.block].first || it > 0) ++p;
+      pending_[instOf(it, g)] = p;
+    }
+  }
+  now_ = t0_;
+  for (int g = 0; g < nSteps_; ++g) {
+    if (pending_[g] == 0) start(g);
+  }
+  for (;;) {
+    Event e;
+    if (!q_.empty() && q_.top().time == now_) {
+      e = q_.top();
+      q_.pop();
+    } else if (nowHead_ < nowQ_.size()) {
+      e = nowQ_[nowHead_++];
+      if (nowHead_ == nowQ_.size()) {
+        nowQ_.clear();
+        nowHead_ = 0;
+      }
+    } else if (!q_.empty()) {
+      e = q_.top();
+      q_.pop();
+      now_ = e.time;
+    } else {
+      break;
+    }
+    ++events_;
+    switch (e.type()) {
+      case Ev::StepEnd:
+        onStepEnd(e.a);
+        break;
+      case Ev::FlowDrain:
+        if (flows_[e.a].inst >= 0 && flows_[e.a].version == e.version()) onDrain(e.a);
+        break;
+      case Ev::Head:
+        onHead(e.a);
+        break;
+      case Ev::Tail:
+        onTail(e.a);
+        break;
+    }
+  }
+}
+
+SimResult Engine::run() {
+  const core::Protocol proto = p_.protocol.value_or(s_.protocol);
+  proto_ = protocolIndex(proto);
+  if (proto_ < 0 || proto_ > 2) return failure("unknown protocol", size_);
+  eff_ = p_.protocolEfficiency[proto_];
+  if (!(eff_ > 0 && eff_ <= 1)) return failure("SimParams::protocolEfficiency must be in (0, 1]", size_);
+  for (double e : p_.linkEfficiency) {
+    if (!(e > 0)) return failure("SimParams::linkEfficiency must be positive", size_);
+  }
+  if (!(p_.iterationChunkBytes[proto_] > 0)) return failure("SimParams::iterationChunkBytes must be positive", size_);
+  slice_ = std::max(0.0, p_.sliceBytes[proto_]);
+  if (std::string err = prepare(); !err.empty()) return failure(std::move(err), size_);
+
+  chunkBytes_ = static_cast<double>(size_) / s_.chunksPerLoop;
+  const double iters = std::max(1.0, std::ceil(chunkBytes_ / p_.iterationChunkBytes[proto_]));
+  iterations_ = static_cast<std::uint64_t>(std::min(iters, 9e15));
+  iterChunk_ = chunkBytes_ / static_cast<double>(iterations_);
+  std::uint64_t k =
+      std::min<std::uint64_t>(iterations_, static_cast<std::uint64_t>(std::max(1, p_.maxExactIterations)));
+  if (nSteps_ > 0) k = std::min<std::uint64_t>(k, std::max<std::uint64_t>(1, p_.maxStepInstances / nSteps_));
+  k = std::min<std::uint64_t>(k, static_cast<std::uint64_t>(std::numeric_limits<int>::max()) /
+                                     std::max<std::uint64_t>(1, static_cast<std::uint64_t>(nSteps_)));
+  exactIters_ = static_cast<int>(std::max<std::uint64_t>(1, k));
+  t0_ = std::max(0.0, p_.launchUs) + std::max(0.0, p_.baseLatencyUs[proto_]);
+
+  initLinks();
+  simulateExact();
+
+  SimResult r;
+  r.sizeBytes = size_;
+  r.protocol = proto;
+  r.chunkBytes = chunkBytes_;
+  r.iterations = iterations_;
+  r.simulatedIterations = exactIters_;
+  r.extrapolated = iterations_ > static_cast<std::uint64_t>(exactIters_);
+  r.startUs = t0_;
+  r.events = events_;
+  r.steps = static_cast<std::uint64_t>(nSteps_) * exactIters_;
+
+  // Deadlock: steps that never completed.
+  const std::size_t ni = static_cast<std::size_t>(nSteps_) * exactIters_;
+  std::size_t stuck = 0;
+  std::size_t firstStuck = ni;
+  for (std::size_t i = 0; i < ni; ++i) {
+    if (!(flags_[i] & kDone)) {
+      if (firstStuck == ni) firstStuck = i;
+      ++stuck;
+    }
+  }
+  if (stuck > 0) {
+    const int g = stepOf(static_cast<int>(firstStuck));
+    const auto& bi = blocks_[steps_[g].block];
+    return failure(fmt::format("deadlock: {} of {} steps never completed; the first is rank {} tb {} step {} ({}), "
+                               "iteration {}, waiting on {} unresolved prerequisite(s)",
+                               stuck, ni, bi.rank, bi.tbId, g - bi.first, core::toString(steps_[g].op),
+                               static_cast<int>(firstStuck) / nSteps_, pending_[firstStuck]),
+                   size_);
+  }
+
+  // Per-iteration finish times, extrapolation.
+  std::vector<double> iterEnd(exactIters_, t0_);
+  int lastInst = -1;
+  double makespan = t0_;
+  for (std::size_t i = 0; i < ni; ++i) {
+    const int it = static_cast<int>(i) / nSteps_;
+    iterEnd[it] = std::max(iterEnd[it], end_[i]);
+    if (end_[i] > makespan || (end_[i] == makespan && lastInst < 0)) {
+      makespan = end_[i];
+      lastInst = static_cast<int>(i);
+    }
+  }
+  double total = makespan;
+  if (r.extrapolated) {
+    const double delta = exactIters_ >= 2 ? iterEnd[exactIters_ - 1] - iterEnd[exactIters_ - 2] : iterEnd[0] - t0_;
+    total = makespan + static_cast<double>(iterations_ - static_cast<std::uint64_t>(exactIters_)) * delta;
+  }
+  r.timeUs = total;
+  r.algbwGBps = core::gbps(static_cast<double>(size_), r.timeUs);
+  r.busbwGBps = r.algbwGBps * core::busBandwidthFactor(s_.collective, s_.nRanks);
+
+  // Links.
+  const double scale = static_cast<double>(iterations_) / exactIters_;
+  const double exactSpan = makespan - t0_;
+  const double fullSpan = total - t0_;
+  r.links.resize(cap_.size());
+  double bestU = -1;
+  for (std::size_t l = 0; l < cap_.size(); ++l) {
+    auto& u = r.links[l];
+    u.bytes = linkBytes_[l] * scale;
+    u.busyUs = busyUs_[l];
+    u.busyFraction = exactSpan > 0 ? busyUs_[l] / exactSpan : 0;
+    u.utilisation = fullSpan > 0 && cap_[l] > 0 ? u.bytes / (cap_[l] * fullSpan) : 0;
+    if (u.bytes > 0) {
+      const bool better =
+          u.utilisation > bestU || (u.utilisation == bestU && u.bytes > r.links[r.bottleneckLink].bytes);
+      if (better) {
+        bestU = u.utilisation;
+        r.bottleneckLink = static_cast<int>(l);
+      }
+    }
+  }
+
+  // Critical path: from the last step to finish back along what each waited on.
+  std::vector<CriticalStep> path;
+  for (int i = lastInst; i >= 0 && path.size() < p_.maxCriticalPath;) {
+    const int g = stepOf(i);
+    const auto& bi = blocks_[steps_[g].block];
+    const auto& tb = s_.ranks[bi.rank].threadBlocks;
+    CriticalStep c;
+    c.rank = bi.rank;
+    c.tb = bi.tbId;
+    c.step = g - bi.first;
+    c.iteration = iterOf(i);
+    c.op = steps_[g].op;
+    int tbIndex = core::findThreadBlock(s_.ranks[bi.rank], bi.tbId);
+    if (sends(c.op)) {
+      c.peer = tb[tbIndex].sendPeer;
+    } else if (receives(c.op)) {
+      c.peer = tb[tbIndex].recvPeer;
+    }
+    c.startUs = start_[i];
+    c.endUs = end_[i];
+    c.waitedOn = static_cast<WaitKind>(waitKind_[i]);
+    path.push_back(c);
+    i = cause_[i];
+  }
+  std::reverse(path.begin(), path.end());
+  r.criticalPath = std::move(path);
+  r.ok = true;
+  return r;
+}
+
+}  // namespace
+
+SimResult simulate(const core::Schedule& schedule, const Network& network, std::uint64_t sizeBytes,
+                   const SimParams& params) {
+  try {
+    Engine e(schedule, network, sizeBytes, params);
+    return e.run();
+  } catch (const std::bad_alloc&) {
+    return failure("out of memory while simulating", sizeBytes);
+  } catch (const std::exception& ex) {
+    return failure(fmt::format("internal error: {}", ex.what()), sizeBytes);
+  }
+}
+
+SimResult simulate(const core::Schedule& schedule, const core::Topology& topology, std::uint64_t sizeBytes,
+                   const SimParams& params) {
+  auto net = Network::build(topology);
+  if (!net) return failure(net.error().message, sizeBytes);
+  return simulate(schedule, *net, sizeBytes, params);
+}
+
+nlohmann::json simResultToJson(const SimResult& r, const Network& network, std::size_t maxCriticalEntries) {
+  using nlohmann::json;
+  if (!r.ok) return json{{"size_bytes", r.sizeBytes}, {"error", r.error}};
+  json j = {{"size_bytes", r.sizeBytes},
+            {"time_us", r.timeUs},
+            {"algbw_gbps", r.algbwGBps},
+            {"busbw_gbps", r.busbwGBps},
+            {"protocol", core::toString(r.protocol)},
+            {"chunk_bytes", r.chunkBytes},
+            {"iterations", r.iterations},
+            {"simulated_iterations", r.simulatedIterations},
+            {"extrapolated", r.extrapolated}};
+  if (r.bottleneckLink >= 0 && r.bottleneckLink < static_cast<int>(network.links().size())) {
+    const auto& u = r.links[r.bottleneckLink];
+    j["bottleneck"] = {{"link", network.link(r.bottleneckLink).name},
+                       {"utilisation", u.utilisation},
+                       {"busy_fraction", u.busyFraction},
+                       {"bytes", u.bytes}};
+  } else {
+    j["bottleneck"] = nullptr;
+  }
+  json cp = json::array();
+  const std::size_t n = r.criticalPath.size();
+  for (std::size_t i = n > maxCriticalEntries ? n - maxCriticalEntries : 0; i < n; ++i) {
+    const auto& c = r.criticalPath[i];
+    cp.push_back({{"rank", c.rank},
+                  {"tb", c.tb},
+                  {"step", c.step},
+                  {"iteration", c.iteration},
+                  {"op", core::toString(c.op)},
+                  {"peer", c.peer},
+                  {"start_us", c.startUs},
+                  {"end_us", c.endUs},
+                  {"waited_on", toString(c.waitedOn)}});
+  }
+  j["critical_path_length"] = n;
+  j["critical_path"] = std::move(cp);
+  return j;
+}
+
+}  // namespace optiflow::sim

@@ -1,0 +1,27 @@
+// The optiflow subcommands that report times: simulate, bound, baseline. Each prints a table (or JSON rows with
+// the same fields: size_bytes, time_us, algbw_gbps, busbw_gbps) and always shows the lower bound beside a time.
+#pragma once
+
+#include <string>
+
+namespace optiflow::cli {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailed = 1;
+inline constexpr int kExitBadInput = 2;
+
+struct PerfArgs {
+  std::string topology = "dgx-a100";
+  std::string collective = "allreduce";
+  std::string sizes = "1KiB:1GiB";
+  std::string launch = "graph";  // graph | host: the kernel launch the simulator charges
+  std::string protocol;          // simulate: force LL | LL128 | Simple (default: the schedule's own)
+  bool json = false;
+  bool simulateNccl = false;  // baseline: also time NCCL's own algorithm as a schedule with the simulator
+};
+
+int runSimulate(const std::string& scheduleFile, const PerfArgs& args);
+int runBound(const PerfArgs& args);
+int runBaseline(const PerfArgs& args);
+
+}  // namespace optiflow::cli

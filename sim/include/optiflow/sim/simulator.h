@@ -1,0 +1,151 @@
+// The event-driven simulator: times a schedule IR on a Network at one message size. Every transfer moves over
+// the physical path its peers imply; concurrent transfers share links max-min fairly (progressive filling,
+// recomputed only for the flows whose share can change when a transfer starts or ends); the costs real executors
+// pay are modelled with the constants of SimParams, each documented in docs/simulator.md with its source.
+//
+// Time model in one paragraph (docs/simulator.md has the details): the collective starts after a kernel launch
+// and the protocol's base latency. Each thread block runs its steps in order, MSCCL-style, once per loop
+// iteration (a chunk larger than the protocol's per-iteration chunk is split into iterations that pipeline through
+// the same connections). A step starts when its block's previous step is done, its dependencies are done and, for
+// a receive, the head of the matching send's data has arrived (the hop latency plus one slice after the send
+// started: cut-through at slice granularity). A send step ends when its bytes have left (at the fair-share rates
+// of the links on its path, inflated by the protocol's line overhead); a receive ends when the tail has arrived;
+// a receive-and-forward ends when both its own flow has drained and its input has fully arrived plus one slice.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "optiflow/core/schedule.h"
+#include "optiflow/core/topology.h"
+#include "optiflow/sim/network.h"
+
+namespace optiflow::sim {
+
+// Kernel launch overhead per collective (SimParams::launchUs). From calibration.md §2.2: A100 1-node 1 KiB
+// All-Gather/All-Reduce measured 12.53/16.96 us with CUDA-graph launch (-G 1, table B) against NCCL's own
+// latency model 10.8/15.0 us (§1.11) -> about 2 us left for the launch; the same sweep without graphs (table A)
+// floors at 43-45 us, about 28 us above the model -> the host-launch figure. Both derived, not measured directly.
+inline constexpr double kLaunchUsCudaGraph = 2.0;
+inline constexpr double kLaunchUsHost = 28.0;
+
+// Index of a protocol in the per-protocol arrays below: Simple 0, LL 1, LL128 2 (core::Protocol's order).
+constexpr int protocolIndex(core::Protocol p) { return static_cast<int>(p); }
+
+// Every cost constant of the simulator, in one place; the calibration tunes these defaults globally.
+// Per-protocol arrays are indexed by protocolIndex (Simple, LL, LL128); per-hop-class arrays by HopClass
+// (NvLink, Pci, Net).
+struct SimParams {
+  // Kernel launch, added once per collective. kLaunchUsCudaGraph or kLaunchUsHost (nccl-tests -G 1 or not).
+  double launchUs = kLaunchUsCudaGraph;
+  // Base latency per collective and protocol: NCCL's Ring row (nccl-cost-model.md §1.3): LL 6.6, LL128 14,
+  // Simple 8.4 us.
+  std::array<double, 3> baseLatencyUs = {8.4, 6.6, 14.0};
+  // Per-step (per-hop) latency by hop class and protocol: NCCL's Ring hwLat (§1.3). A step's data head arrives
+  // max(this, the path's topology latency) after the step starts: NCCL's figures are end to end and include the
+  // wire of the reference machines, so the topology's latency only counts where it is larger.
+  std::array<std::array<double, 3>, 3> hopLatencyUs = {{
+      {3.4, 0.6, 1.9},   // NVLink: Simple, LL, LL128
+      {5.7, 1.0, 2.5},   // PCI
+      {14.0, 2.7, 4.0},  // NET
+  }};
+  // Proxy/network overhead per step on paths that cross a NIC: NCCL_NET_OVERHEAD (§1.3), 1 us on Intel and
+  // "other" hosts, 2 us on AMD; times netOverheadSimpleFactor (3) for Simple.
+  double netOverheadUs = 1.0;
+  double netOverheadSimpleFactor = 3.0;
+  // Data bytes per wire byte (§1.3): LL carries 8 of 16 bytes, LL128 120 of 128, Simple ~all.
+  std::array<double, 3> protocolEfficiency = {1.0, 0.5, 120.0 / 128.0};
+  // Payload fraction of each hop class's raw (topology) bandwidth (§1.2): NVLink 20 of 25 GB/s per link (SM80;
+  // SM90 is 20.6/25 = 0.824); PCIe 1.0 (topologies give PCIe in NCCL's units already); NET 24/25 = 48/50 = 0.96
+  // (NCCL's GPU<->NIC PCIe path: Gen4 x16 = 24 vs HDR 25; Gen5 = 48 vs NDR 50).
+  std::array<double, 3> linkEfficiency = {0.8, 1.0, 0.96};
+  // MSCCL's per-iteration chunk, in data bytes: calcBytePerStep x (Simple ? MSCCL_CHUNKSTEPS = NCCL_STEPS/2 = 4
+  // : 1) (msccl_kernel.h). With the buffers of §1.3: Simple 512 KiB x 4 = 2 MiB; LL 64 KiB step / 2 = 32 KiB;
+  // LL128 600 KiB step x 120/128 = 562.5 KiB.
+  std::array<double, 3> iterationChunkBytes = {2.0 * 1048576, 32.0 * 1024, 562.5 * 1024};
+  // Cut-through granularity: a forwarding step can start once one slice has arrived. Simple: MSCCL_SLICESTEPS =
+  // NCCL_STEPS/4 = 2 steps = 1 MiB; LL and LL128 flag every line, so 0 (pure latency).
+  std::array<double, 3> sliceBytes = {1.0 * 1048576, 0.0, 0.0};
+  // Per-transfer (per thread block connection) data-rate cap in GB/s, 0 = none. NCCL caps LL128 at 20 (Ampere)
+  // or 36.7 (Hopper) GB/s per channel and LL at llMaxBws in total (§1.3); off by default, for the calibration.
+  std::array<double, 3> flowCapGBps = {0.0, 0.0, 0.0};
+  // Local copy/reduce steps (cpy, re) move count x chunk bytes at this rate. Assumption (no source in the
+  // reference files): half of A100 HBM2e's ~2 TB/s, since a copy reads and writes.
+  double localCopyGBps = 1000.0;
+  // Simulate at most this many loop iterations exactly, extrapolate the rest from the last iteration's
+  // increment (docs/simulator.md). >= 1.
+  int maxExactIterations = 4;
+  // Refuse schedules whose steps x exactly simulated iterations exceed this (memory guard, ~40 bytes each).
+  std::uint64_t maxStepInstances = 16u << 20;
+  // Use this protocol instead of the schedule's.
+  std::optional<core::Protocol> protocol;
+  // Keep at most this many entries of the critical path (the ones nearest the end).
+  std::size_t maxCriticalPath = 100000;
+};
+
+struct LinkUsage {
+  double bytes = 0;         // wire bytes carried (protocol overhead included), all iterations
+  double busyUs = 0;        // time with at least one transfer on the link (exactly simulated part)
+  double busyFraction = 0;  // busyUs / the exactly simulated data-movement time
+  double utilisation = 0;   // bytes / (effective bandwidth x data-movement time); 1 = saturated throughout
+};
+
+// Why a step on the critical path started (or ended) when it did.
+enum class WaitKind : std::uint8_t {
+  Start,       // nothing: the collective's start
+  BlockOrder,  // the previous step of its thread block
+  Dependency,  // a dependency (another block of the same rank)
+  DataHead,    // the head of the incoming data
+  DataTail,    // it ended when the tail of its incoming data arrived
+};
+std::string_view toString(WaitKind k);
+
+struct CriticalStep {
+  int rank = 0;
+  int tb = 0;  // thread block id
+  int step = 0;
+  int iteration = 0;
+  core::StepOp op = core::StepOp::Nop;
+  int peer = -1;  // the rank it sent to (sending ops) or received from (receives); -1 for local ops
+  double startUs = 0;
+  double endUs = 0;
+  WaitKind waitedOn = WaitKind::Start;  // what determined startUs (or endUs for DataTail)
+};
+
+struct SimResult {
+  bool ok = false;
+  std::string error;  // set when !ok
+  std::uint64_t sizeBytes = 0;
+  core::Protocol protocol = core::Protocol::Simple;
+  double timeUs = 0;                       // launch + base latency + data movement
+  double algbwGBps = 0;                    // sizeBytes / timeUs (nccl-tests)
+  double busbwGBps = 0;                    // algbw x core::busBandwidthFactor
+  double chunkBytes = 0;                   // sizeBytes / chunksPerLoop
+  std::uint64_t iterations = 1;            // loop iterations the size needs
+  int simulatedIterations = 1;             // of which simulated exactly
+  bool extrapolated = false;               // iterations > simulatedIterations
+  double startUs = 0;                      // when data movement starts (launch + base latency)
+  std::vector<LinkUsage> links;            // by Network link id
+  int bottleneckLink = -1;                 // highest utilisation (then most bytes, then lowest id); -1 if none used
+  std::vector<CriticalStep> criticalPath;  // first to last; the last entry is the last step to finish
+  std::uint64_t steps = 0;                 // step instances simulated
+  std::uint64_t events = 0;                // events processed
+};
+
+// Never throws for a bad schedule and never crashes: problems (rank count different from the network's, bad
+// peers, unmatched sends and receives, deadlock, ...) come back as ok = false with a message.
+SimResult simulate(const core::Schedule& schedule, const Network& network, std::uint64_t sizeBytes,
+                   const SimParams& params = {});
+SimResult simulate(const core::Schedule& schedule, const core::Topology& topology, std::uint64_t sizeBytes,
+                   const SimParams& params = {});
+
+// {"size_bytes", "time_us", "algbw_gbps", "busbw_gbps", "protocol", "iterations", "extrapolated",
+//  "bottleneck": {"link", "utilisation", "bytes"}, "critical_path": [...] (last maxEntries steps)} or {"error"}.
+nlohmann::json simResultToJson(const SimResult& r, const Network& network, std::size_t maxCriticalEntries = 20);
+
+}  // namespace optiflow::sim
