@@ -188,4 +188,57 @@ TEST_F(Cli, VerifyAndCheckAgreeOnRealMscclFiles) {
   EXPECT_EQ(seen, 14);
 }
 
+TEST_F(Cli, BoundPrintsTheWorkedNodeCutNumbers) {
+  const CliResult r = run("bound --topo dgx-a100x4 --coll allgather --sizes 1MiB,1GiB --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j.at("rows").size(), 2u);
+  const auto& big = j.at("rows")[1];
+  EXPECT_EQ(big.at("size_bytes").get<std::uint64_t>(), 1ull << 30);
+  EXPECT_NEAR(big.at("algbw_gbps").get<double>(), 266.67, 0.01);
+  EXPECT_NEAR(big.at("busbw_gbps").get<double>(), 258.33, 0.01);
+  EXPECT_EQ(run("bound --topo dgx-a100x4 --coll allgather --sizes 1MiB:1KiB").rc, 2);
+}
+
+TEST_F(Cli, BaselineRowsCarryNcclsChoiceAndTheBound) {
+  const CliResult r = run("baseline --topo dgx-a100 --coll allreduce --sizes 1KiB,1GiB --json --simulate");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto rows = nlohmann::json::parse(r.out).at("rows");
+  ASSERT_EQ(rows.size(), 2u);
+  for (const auto& row : rows) {
+    for (const char* key :
+         {"size_bytes", "algorithm", "protocol", "channels", "time_us", "algbw_gbps", "busbw_gbps", "bound_us"}) {
+      EXPECT_TRUE(row.contains(key)) << key;
+    }
+    EXPECT_GE(row.at("time_us").get<double>(), row.at("bound_us").get<double>());
+    EXPECT_GE(row.at("simulated").at("time_us").get<double>(), row.at("bound_us").get<double>());
+  }
+  EXPECT_EQ(rows[0].at("algorithm"), "Ring");
+  EXPECT_EQ(rows[0].at("protocol"), "LL");
+  EXPECT_EQ(rows[1].at("protocol"), "Simple");
+}
+
+TEST_F(Cli, SimulateTimesAScheduleAboveItsBound) {
+  const fs::path p = dir_ / "ag32.json";
+  ASSERT_EQ(run(fmt::format("fixture --coll allgather --ranks 32 --channels 2 -o {}", p.string())).rc, 0);
+  const CliResult r = run(fmt::format("simulate {} --topo dgx-a100x4 --sizes 1KiB:1GiB:32 --json", p.string()));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto rows = nlohmann::json::parse(r.out).at("rows");
+  ASSERT_EQ(rows.size(), 5u);
+  double lastBusbw = 0;
+  for (const auto& row : rows) {
+    EXPECT_GE(row.at("time_us").get<double>(), row.at("bound_us").get<double>());
+    EXPECT_FALSE(row.at("below_bound").get<bool>());
+    EXPECT_GE(row.at("busbw_gbps").get<double>(), lastBusbw);
+    lastBusbw = row.at("busbw_gbps").get<double>();
+  }
+  const CliResult text = run(fmt::format("simulate {} --topo dgx-a100x4 --sizes 1GiB", p.string()));
+  EXPECT_EQ(text.rc, 0);
+  EXPECT_NE(text.out.find("bound_us"), std::string::npos) << text.out;
+  // 32 ranks do not fit on one 8-GPU node.
+  const CliResult wrong = run(fmt::format("simulate {} --topo dgx-a100 --sizes 1MiB", p.string()));
+  EXPECT_EQ(wrong.rc, 2);
+  EXPECT_NE(wrong.err.find("32 ranks"), std::string::npos) << wrong.err;
+}
+
 }  // namespace

@@ -102,6 +102,9 @@ class Path {
   std::size_t n_ = 0;
 };
 
+// Layout guarantee (the lower bounds rely on it): vertices are node-major and every node is laid out alike (its
+// GPUs first, in local order, then its NVSwitch or PCIe switches and CPUs, then its NICs); the shared fabric
+// (leaves, spine) comes after all nodes. Links follow the same node-major, identical-per-node order.
 class Network {
  public:
   // Validates the topology (Topology::validate) and builds the graph; the diagnostic names the first problem.

@@ -1,0 +1,80 @@
+// Honesty check: no schedule the project produces may be predicted faster than the lower bound on any preset.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include "optiflow/core/fixtures.h"
+#include "optiflow/core/topology.h"
+#include "optiflow/sim/bounds.h"
+#include "optiflow/sim/nccl_model.h"
+#include "optiflow/sim/nccl_schedules.h"
+#include "optiflow/sim/network.h"
+#include "optiflow/sim/simulator.h"
+
+namespace optiflow::sim {
+namespace {
+
+namespace fx = core::fixtures;
+
+const std::vector<std::string> kPresets = {"dgx-a100",   "dgx-h100",   "hgx-h200",  "dgx-a100x2",
+                                           "dgx-h100x2", "dgx-a100x4", "hgx-h200x3"};
+const std::vector<std::uint64_t> kSizes = {1024, 1u << 20, 64u << 20, 1u << 30};
+
+void expectAtOrAboveBound(const core::Schedule& s, const Network& net, const BoundModel& bounds,
+                          const std::string& what, int* checked) {
+  for (core::Protocol proto : {core::Protocol::LL, core::Protocol::LL128, core::Protocol::Simple}) {
+    SimParams params;
+    params.protocol = proto;
+    for (std::uint64_t size : kSizes) {
+      const SimResult r = simulate(s, net, size, params);
+      ASSERT_TRUE(r.ok) << what << ": " << r.error;
+      const Bound b = bounds.bound(s.collective, size);
+      EXPECT_GE(r.timeUs, b.timeUs) << what << " " << core::toString(proto) << " at " << size << " bytes: simulated "
+                                    << r.timeUs << " us < bound " << b.timeUs << " us (" << b.description << ")";
+      ++*checked;
+    }
+  }
+}
+
+TEST(SimulatorVersusBound, FixtureRingsAreNeverFasterThanTheBoundOnAnyPreset) {
+  int checked = 0;
+  for (const auto& preset : kPresets) {
+    auto topo = core::presetTopology(preset);
+    ASSERT_TRUE(topo.ok()) << preset;
+    auto net = Network::build(*topo);
+    ASSERT_TRUE(net.ok()) << preset;
+    const BoundModel bounds(*topo);
+    const int n = topo->nRanks();
+    for (int channels : {1, 4}) {
+      for (bool inPlace : {false, true}) {
+        const fx::RingOptions o{.nRanks = n, .channels = channels, .inPlace = inPlace};
+        for (const core::Schedule& s : {fx::ringAllGather(o), fx::ringReduceScatter(o), fx::ringAllReduce(o)}) {
+          expectAtOrAboveBound(s, *net, bounds, fmt::format("{} {}", preset, s.name), &checked);
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 7 * 2 * 2 * 3 * 3 * 4);
+}
+
+TEST(SimulatorVersusBound, NcclSchedulesAreNeverFasterThanTheBoundOnAnyPreset) {
+  int checked = 0;
+  for (const auto& preset : kPresets) {
+    auto topo = core::presetTopology(preset);
+    ASSERT_TRUE(topo.ok()) << preset;
+    auto net = Network::build(*topo);
+    ASSERT_TRUE(net.ok());
+    const BoundModel bounds(*topo);
+    const NcclScheduleOptions o{.channels = 4};
+    expectAtOrAboveBound(ncclRingAllGather(*topo, o), *net, bounds, preset + " nccl ring allgather", &checked);
+    expectAtOrAboveBound(ncclRingReduceScatter(*topo, o), *net, bounds, preset + " nccl ring reducescatter", &checked);
+    expectAtOrAboveBound(ncclRingAllReduce(*topo, o), *net, bounds, preset + " nccl ring allreduce", &checked);
+    if (topo->nodes > 1) {
+      expectAtOrAboveBound(ncclTreeAllReduce(*topo, o), *net, bounds, preset + " nccl tree allreduce", &checked);
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+}  // namespace
+}  // namespace optiflow::sim
