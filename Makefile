@@ -6,7 +6,7 @@ OPTIFLOW := $(BUILD_DIR)/cli/optiflow
 DEMO_DIR := $(BUILD_DIR)/demo
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps configure build test demo asan fuzz format format-check clean
+.PHONY: all deps configure build test demo bench asan fuzz format format-check clean
 
 all: build
 
@@ -23,8 +23,8 @@ test: build
 	@ctest --preset $(PRESET)
 
 # Until the synthesizer exists (issue 5), the demo runs the nearest real thing: the preset cluster, a ring
-# All-Gather for it proven by the verifier and run with real bytes by the reference executor, and the verdicts on
-# real MSCCL files.
+# All-Gather for it proven by the verifier, run with real bytes by the reference executor and timed by the
+# simulator next to the lower bound and NCCL's own choice, and the verdicts on real MSCCL files.
 demo: build
 	@mkdir -p $(DEMO_DIR)
 	@echo "== optiflow topo show dgx-a100x4"
@@ -40,10 +40,20 @@ demo: build
 	@echo "== optiflow check $(DEMO_DIR)/ring-ag-32.xml"
 	@$(OPTIFLOW) check $(DEMO_DIR)/ring-ag-32.xml
 	@echo
+	@echo "== optiflow simulate $(DEMO_DIR)/ring-ag-32.xml --topo dgx-a100x4 (with the lower bound beside each time)"
+	@$(OPTIFLOW) simulate $(DEMO_DIR)/ring-ag-32.xml --topo dgx-a100x4 --sizes 1KiB:1GiB:32
+	@echo
+	@echo "== optiflow baseline --topo dgx-a100x4 --coll allgather --simulate (NCCL's choice, its model and our simulator)"
+	@$(OPTIFLOW) baseline --topo dgx-a100x4 --coll allgather --sizes 1KiB:1GiB:32 --simulate
+	@echo
 	@echo "== optiflow verify on real MSCCL files (../shared/reference/msccl-samples)"
 	@if [ -d ../shared/reference/msccl-samples ]; then \
 	  for f in ../shared/reference/msccl-samples/*.xml; do $(OPTIFLOW) verify $$f | tail -n 1; done; \
 	else echo "(samples folder not present)"; fi
+
+# Google Benchmark micro-benchmarks (simulator scaling); medians of 3 repetitions.
+bench: build
+	@$(BUILD_DIR)/bench/sim_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 
 # The sanitizer build CI runs as well.
 asan:
