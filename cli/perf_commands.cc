@@ -204,7 +204,8 @@ int runBaseline(const PerfArgs& a) {
     if (a.simulateNccl) {
       auto sched = sim::ncclScheduleFor(setup->topology, *coll, p);
       if (sched) {
-        sim::SimParams params = setup->params;
+        // NCCL's own caps and host overheads, as the calibration uses them (docs/calibration.md).
+        sim::SimParams params = sim::ncclSimParams(p, setup->params.launchUs);
         params.protocol = sim::toCoreProtocol(p.protocol);
         simulated = sim::simulate(*sched, *net, size, params);
         if (!simulated->ok) simNote = simulated->error;

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "optiflow/core/collective.h"
 #include "optiflow/core/fixtures.h"
 
 namespace optiflow::sim {
@@ -435,6 +436,21 @@ core::Result<Schedule> ncclScheduleFor(const core::Topology& t, Collective c, co
                           fmt::format("NCCL's {} {} is not expressible as schedule IR here (only Ring and Tree are; "
                                       "NVLS reduces inside the switch, PAT and CollNet are not generated)",
                                       toString(p.algorithm), core::toString(c))};
+}
+
+SimParams ncclSimParams(const NcclPrediction& p, double launchUs) {
+  SimParams s;
+  s.launchUs = launchUs;
+  s.netOverheadUs = p.tuning.cpu == NcclCpu::Amd ? 2.0 : 1.0;
+  if (p.ok() && p.algorithm == NcclAlgo::Ring && p.channels > 0) {
+    const double factor = core::busBandwidthFactor(p.collective, p.nRanks);
+    const int ring = static_cast<int>(NcclAlgo::Ring);
+    for (NcclProto q : {NcclProto::LL, NcclProto::LL128}) {
+      const double bw = p.bandwidth[ring][static_cast<int>(q)];
+      if (bw > 0) s.flowCapGBps[protocolIndex(toCoreProtocol(q))] = bw * factor / p.channels;
+    }
+  }
+  return s;
 }
 
 }  // namespace optiflow::sim

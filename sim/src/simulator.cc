@@ -78,6 +78,7 @@ struct Conn {
   int pathStart = 0;
   int pathLen = 0;
   double hopUs = 0;  // head/tail delay: max(path latency, protocol hop latency) + network overhead
+  int cls = 0;       // HopClass of the path (the worst link class on it)
 };
 
 // Instance flags.
@@ -88,15 +89,17 @@ constexpr std::uint8_t kHeadSent = 8;      // sender: the head of its data was d
 constexpr std::uint8_t kTailArrived = 16;  // sender: the tail of its data arrived (tail holds the time)
 constexpr std::uint8_t kEndByInput = 32;   // its end was set by its input's tail
 
-enum class Ev : std::uint8_t { StepEnd, FlowDrain, Head, Tail };
+constexpr std::uint32_t kVersionMask = 0x1fffffffu;
+
+enum class Ev : std::uint8_t { StepEnd, FlowDrain, Head, Tail, Begin };
 
 struct Event {
   double time;
   std::uint64_t seq;
   int a;                 // instance or flow id
-  std::uint32_t packed;  // flow version << 2 | type
-  Ev type() const { return static_cast<Ev>(packed & 3u); }
-  std::uint32_t version() const { return packed >> 2; }
+  std::uint32_t packed;  // flow version << 3 | type
+  Ev type() const { return static_cast<Ev>(packed & 7u); }
+  std::uint32_t version() const { return packed >> 3; }
 };
 
 struct EventLater {
@@ -114,7 +117,7 @@ struct Flow {
   double rate = 0;       // wire bytes per us
   double last = 0;
   double maxRate = kInf;      // min(cap, every link's effective capacity)
-  std::uint32_t version = 0;  // 30 bits travel in events; wraps harmlessly
+  std::uint32_t version = 0;  // 29 bits travel in events; wraps harmlessly
   bool fresh = false;         // started, no drain event scheduled yet
 };
 
@@ -133,7 +136,7 @@ class Engine {
   // Events at the current time go to a FIFO (they would pop after every heap event of this time anyway, having
   // larger sequence numbers), which keeps the heap small; the order is exactly that of one (time, seq) heap.
   void push(double t, Ev type, int a, std::uint32_t version = 0) {
-    Event e{t, seq_++, a, (version << 2) | static_cast<std::uint32_t>(type)};
+    Event e{t, seq_++, a, (version << 3) | static_cast<std::uint32_t>(type)};
     if (t == now_) {
       nowQ_.push_back(e);
     } else {
@@ -142,6 +145,7 @@ class Engine {
   }
   void resolve(int inst, int cause, WaitKind kind);
   void start(int inst);
+  void begin(int inst);
   void finishStep(int inst, double t, bool byInput, int inputInst);
   void onStepEnd(int inst);
   void onDrain(int flow);
@@ -182,6 +186,7 @@ class Engine {
   std::vector<int> revStart_, revIds_;  // dependents of each step (CSR)
   std::vector<Conn> conns_;
   std::vector<int> connPaths_;
+  std::vector<double> stepSync_;  // per step: SimParams::stepSyncUs of its hop class (0 for local steps)
   int nSteps_ = 0;
 
   // sizes
@@ -385,6 +390,7 @@ std::string Engine::prepare() {
       lat += net_.link(l).latencyUs;
       cls = std::max(cls, static_cast<int>(hopClassOf(net_.link(l).kind)));
     }
+    c.cls = cls;
     c.hopUs = std::max(lat, p_.hopLatencyUs[cls][proto_]);
     if (cls == static_cast<int>(HopClass::Net)) {
       c.hopUs += p_.netOverheadUs * (proto_ == protocolIndex(core::Protocol::Simple) ? p_.netOverheadSimpleFactor : 1);
@@ -402,6 +408,15 @@ std::string Engine::prepare() {
       ss.conn = ci;
       rs.recvFrom = sendList[k2];
     }
+  }
+  // Per-step synchronisation: the worst hop class among the step's outgoing and incoming connections.
+  stepSync_.assign(steps_.size(), 0.0);
+  for (int g = 0; g < nSteps_; ++g) {
+    const auto& si = steps_[g];
+    int cls = -1;
+    if (si.conn >= 0) cls = conns_[si.conn].cls;
+    if (si.recvFrom >= 0 && steps_[si.recvFrom].conn >= 0) cls = std::max(cls, conns_[steps_[si.recvFrom].conn].cls);
+    if (cls >= 0) stepSync_[g] = std::max(0.0, p_.stepSyncUs[cls][proto_]);
   }
   return {};
 }
@@ -546,7 +561,7 @@ void Engine::applyRates() {
     settle(fl);
     fl.rate = r;
     fl.fresh = false;
-    fl.version = (fl.version + 1) & 0x3fffffffu;
+    fl.version = (fl.version + 1) & kVersionMask;
     const double dt = fl.remaining <= fl.wire * 1e-12 ? 0.0 : fl.remaining / r;
     push(now_ + dt, Ev::FlowDrain, f, fl.version);
   }
@@ -577,7 +592,7 @@ void Engine::startFlow(int inst) {
   flowOf_[inst] = f;
   const double hop = conns_[si.conn].hopUs;
   if (fl.wire <= 0) {
-    fl.version = (fl.version + 1) & 0x3fffffffu;
+    fl.version = (fl.version + 1) & kVersionMask;
     fl.fresh = false;
     push(now_, Ev::FlowDrain, f, fl.version);
     push(now_ + hop, Ev::Head, inst);
@@ -606,7 +621,7 @@ void Engine::onDrain(int f) {
       }
     }
     for (int l : connPath(fl.conn)) linkRemove(l, f);
-    fl.version = (fl.version + 1) & 0x3fffffffu;  // keeps reuse of the id safe
+    fl.version = (fl.version + 1) & kVersionMask;  // keeps reuse of the id safe
     fl.inst = -1;
     freeFlows_.push_back(f);
     if (!seedBuf_.empty()) recompute(seedBuf_);
@@ -683,7 +698,17 @@ void Engine::resolve(int inst, int cause, WaitKind kind) {
   start(inst);
 }
 
+// A step whose prerequisites are met: communicating steps first pay their per-step synchronisation.
 void Engine::start(int inst) {
+  const double sync = stepSync_[stepOf(inst)];
+  if (sync > 0) {
+    push(now_ + sync, Ev::Begin, inst);
+    return;
+  }
+  begin(inst);
+}
+
+void Engine::begin(int inst) {
   flags_[inst] |= kStarted;
   start_[inst] = now_;
   const int g = stepOf(inst);
@@ -772,6 +797,9 @@ void Engine::simulateExact() {
         break;
       case Ev::Tail:
         onTail(e.a);
+        break;
+      case Ev::Begin:
+        begin(e.a);
         break;
     }
   }

@@ -531,17 +531,31 @@ struct Comparison {
   double ratio = 0;  // sim / model
 };
 
-// withModelCaps: also set SimParams::flowCapGBps to the model's LL / LL128 caps spread over the schedule's channels
-// (an experiment showing which parameter closes the gap; the simulator's defaults are not changed here).
-std::vector<Comparison> compareModelAndSimulator(bool withModelCaps) {
+// Where the two estimates may differ by more than 15 % (docs/nccl-model.md, "Remaining gaps"): a row outside 15 %
+// must fall in one of these classes, and even then within a factor of 2.
+const char* gapReason(const std::string& what, int nodes, std::uint64_t size) {
+  if (what == "Ring/LL" && nodes == 1 && size <= kMiB) {
+    return "L: the model adds nSteps x hop latency; the simulator overlaps hop latency with the previous step";
+  }
+  if (what == "Ring/Simple" && (size <= 64 * kMiB || (nodes >= 4 && size <= 256 * kMiB))) {
+    return "S: per-step sync fitted to calibration data set A, measured 19-21 % slower than the model at 64-128 MiB";
+  }
+  if ((what == "Ring/LL128" || what == "Tree/LL128") && nodes > 1 && size <= 16 * kMiB) {
+    return "T: LL128 per-step sync on multi-node rings; no tree correction factor in the simulator";
+  }
+  return nullptr;
+}
+
+// NCCL's choice timed by the simulator with ncclSimParams (the SimParams defaults, NCCL's host overhead and
+// LL/LL128 caps, CUDA-graph launch) against NCCL's own model, on every preset family at 1 and 2/4 nodes.
+std::vector<Comparison> compareModelAndSimulator() {
   std::vector<Comparison> rows;
-  for (const char* topo : {"dgx-a100", "dgx-a100x2", "dgx-h100", "dgx-h100x4"}) {
+  for (const char* topo : {"dgx-a100", "dgx-a100x2", "dgx-a100x4", "dgx-h100", "dgx-h100x2", "dgx-h100x4", "hgx-h200",
+                           "hgx-h200x2", "hgx-h200x4"}) {
     const core::Topology t = preset(topo);
     auto net = Network::build(t);
     EXPECT_TRUE(net.ok());
     const NcclTuning tu = ncclTune(t);
-    SimParams params;  // defaults, except the per-host net overhead SimParams documents (AMD 2 us)
-    if (tu.cpu == NcclCpu::Amd) params.netOverheadUs = 2.0;
     for (Collective c : {Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter}) {
       for (std::uint64_t size : {kMiB, 16 * kMiB, 64 * kMiB, 256 * kMiB, kGiB}) {
         NcclPrediction p = ncclPredict(tu, c, size);
@@ -553,19 +567,11 @@ std::vector<Comparison> compareModelAndSimulator(bool withModelCaps) {
         }
         NcclScheduleOptions base;
         base.pipelineChunks = 8;
+        base.inPlace = true;
         auto s = ncclScheduleFor(t, c, p, base);
         EXPECT_TRUE(s.ok());
         if (!s.ok()) continue;
-        SimParams run = params;
-        if (withModelCaps && p.algorithm == NcclAlgo::Ring) {
-          const int ring = static_cast<int>(NcclAlgo::Ring);
-          const double factor = core::busBandwidthFactor(c, t.nRanks());
-          for (NcclProto q : {NcclProto::LL, NcclProto::LL128}) {
-            const double bw = p.bandwidth[ring][static_cast<int>(q)];
-            if (bw > 0) run.flowCapGBps[protocolIndex(toCoreProtocol(q))] = bw * factor / p.channels;
-          }
-        }
-        const SimResult r = simulate(*s, net.value(), size, run);
+        const SimResult r = simulate(*s, net.value(), size, ncclSimParams(p));
         EXPECT_TRUE(r.ok) << r.error;
         Comparison row{
             topo,       c,        size,     fmt::format("{}/{}", toString(p.algorithm), toString(p.protocol)),
@@ -577,25 +583,34 @@ std::vector<Comparison> compareModelAndSimulator(bool withModelCaps) {
   return rows;
 }
 
-void printComparison(bool withModelCaps) {
-  const auto rows = compareModelAndSimulator(withModelCaps);
+// The table of docs/nccl-model.md: --gtest_filter='NcclSimulator.*'. Asserts agreement within 15 % at every
+// size >= 1 MiB except the documented gaps.
+TEST(NcclSimulator, ModelAndSimulatedSchedulesAgree) {
+  const auto rows = compareModelAndSimulator();
   std::string out =
       "| topology | collective | size | NCCL algo/proto | channels | model (us) | simulated (us) | sim/model |\n"
       "|---|---|---|---|---|---|---|---|\n";
   int within = 0;
+  int excluded = 0;
   for (const auto& r : rows) {
+    const bool ok = std::abs(r.ratio - 1) <= 0.15;
+    const int nodes = preset(r.topo).nodes;
+    const char* gap = ok ? nullptr : gapReason(r.what, nodes, r.size);
     out += fmt::format("| {} | {} | {} | {} | {} | {:.1f} | {:.1f} | {:.3f}{} |\n", r.topo, core::toString(r.coll),
                        core::formatSize(r.size), r.what, r.channels, r.modelUs, r.simUs, r.ratio,
-                       std::abs(r.ratio - 1) <= 0.15 ? "" : " **");
-    if (std::abs(r.ratio - 1) <= 0.15) ++within;
+                       ok ? "" : (gap ? fmt::format(" gap {}", gap[0]) : std::string(" **")));
+    within += ok ? 1 : 0;
+    excluded += gap ? 1 : 0;
+    if (gap) {
+      EXPECT_GT(r.ratio, 0.5) << r.topo << " " << core::toString(r.coll) << " " << core::formatSize(r.size);
+      EXPECT_LT(r.ratio, 2.0) << r.topo << " " << core::toString(r.coll) << " " << core::formatSize(r.size);
+    } else {
+      EXPECT_TRUE(ok) << r.topo << " " << core::toString(r.coll) << " " << core::formatSize(r.size) << ": sim/model "
+                      << r.ratio;
+    }
   }
-  fmt::print("{}\nwithin 15%: {} of {}{}\n", out, within, rows.size(),
-             withModelCaps ? " (with the model's LL/LL128 caps as SimParams::flowCapGBps)" : " (SimParams defaults)");
+  fmt::print("{}\nwithin 15%: {} of {}; outside, in a documented gap class: {}\n", out, within, rows.size(), excluded);
 }
-
-// Both tables of docs/nccl-model.md: --gtest_filter='NcclSimulator.*'.
-TEST(NcclSimulator, ModelAndSimulatedSchedules) { printComparison(false); }
-TEST(NcclSimulator, ModelAndSimulatedSchedulesWithModelCaps) { printComparison(true); }
 
 // The docs table (docs/nccl-model.md): run with --gtest_filter=NcclModel.PrintPresetTable.
 TEST(NcclModel, PrintPresetTable) {

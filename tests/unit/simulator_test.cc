@@ -82,8 +82,17 @@ SimParams bandwidthOnly() {
   p.baseLatencyUs = {0, 0, 0};
   for (auto& row : p.hopLatencyUs) row = {0, 0, 0};
   p.netOverheadUs = 0;
+  for (auto& row : p.stepSyncUs) row = {0, 0, 0};
   p.iterationChunkBytes = {1e18, 1e18, 1e18};
   p.sliceBytes = {0, 0, 0};
+  return p;
+}
+
+// The defaults without the per-step synchronisation (for tests of the transfer and latency mechanics; the sync
+// has its own test, Simulator.StepSyncIsPaidPerStepAndIteration).
+SimParams noStepSync() {
+  SimParams p;
+  for (auto& row : p.stepSyncUs) row = {0, 0, 0};
   return p;
 }
 
@@ -218,7 +227,7 @@ TEST(Network, RejectsInvalidTopology) {
 
 TEST(Simulator, OneSendOverOneNvSwitchHop) {
   const auto topo = preset("dgx-a100");
-  const SimParams p;  // defaults
+  const SimParams p = noStepSync();
   for (Protocol proto : {Protocol::Simple, Protocol::LL, Protocol::LL128}) {
     Schedule s = hand(8, 1, proto);
     addSend(s, 0, 1);
@@ -236,6 +245,29 @@ TEST(Simulator, OneSendOverOneNvSwitchHop) {
     EXPECT_EQ(net.link(r.bottleneckLink).name, "node0/gpu0->nvswitch");
     EXPECT_NEAR(r.links[r.bottleneckLink].bytes, size / p.protocolEfficiency[pi], 1.0);
   }
+}
+
+// A send and its receive, LL128 (no slice: the head arrives one hop after the send starts): every loop iteration's
+// send pays the sync before it moves data and its receive pays it in parallel (it starts a hop after the send),
+// so the time grows by exactly iterations x stepSyncUs over the sync-free formula.
+TEST(Simulator, StepSyncIsPaidPerStepAndIteration) {
+  const auto topo = preset("dgx-a100");
+  SimParams p = noStepSync();
+  Schedule s = hand(8, 1, Protocol::LL128);
+  addSend(s, 0, 1);
+  addRecv(s, 1, 0);
+  auto r0 = simulate(s, topo, 64 * kMiB, p);
+  ASSERT_TRUE(r0.ok) << r0.error;
+  p.stepSyncUs[0][protocolIndex(Protocol::LL128)] = 2.5;
+  auto r = simulate(s, topo, 64 * kMiB, p);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_EQ(r.iterations, 117u);  // ceil(64 MiB / 562.5 KiB)
+  EXPECT_NEAR(r.timeUs, r0.timeUs + 117 * 2.5, 1e-6);
+  // PCI and NET rows do not apply to an NVSwitch path.
+  p.stepSyncUs[1] = {100, 100, 100};
+  p.stepSyncUs[2] = {100, 100, 100};
+  auto r2 = simulate(s, topo, 64 * kMiB, p);
+  EXPECT_NEAR(r2.timeUs, r.timeUs, 1e-6);
 }
 
 TEST(Simulator, SmallSendIsLatencyBound) {
@@ -311,12 +343,13 @@ TEST(Simulator, RingAllGatherOnOneNodeApproachesLinkBandwidth) {
   // pays one hop latency as a bubble (its last receive waits for the tail before the next iteration's send), so
   // one channel stays within 10 % of (n-1)/n S / bw (out of place, each iteration also copies its own 2 MiB); 8
   // channels split the block, cutting the bubbles to < 3 %.
-  const SimParams p;
+  // Without the per-step sync: with one channel, 9 us per 2 MiB step would halve the rate (8.7 us of data).
+  const SimParams p = noStepSync();
   const double bw = 300.0 * p.linkEfficiency[0];
   const double ideal = 7.0 / 8.0 * us(static_cast<double>(kGiB), bw);
   for (bool inPlace : {true, false}) {
     for (int channels : {1, 8}) {
-      auto r = ringAg("dgx-a100", kGiB, Protocol::Simple, channels, inPlace);
+      auto r = ringAg("dgx-a100", kGiB, Protocol::Simple, channels, inPlace, p);
       ASSERT_TRUE(r.ok) << r.error;
       const double slack = channels == 1 ? 1.10 : 1.03;
       EXPECT_GT(r.timeUs, ideal);
@@ -329,9 +362,9 @@ TEST(Simulator, RingAllGatherOnOneNodeApproachesLinkBandwidth) {
 }
 
 TEST(Simulator, MultiNodeRingIsLimitedByTheNic) {
-  const SimParams p;
+  const SimParams p = noStepSync();  // the NIC limit itself, without per-step costs
   const double nic = 25.0 * p.linkEfficiency[2];
-  auto r = ringAg("dgx-a100x2", kGiB, Protocol::Simple, 1, true);
+  auto r = ringAg("dgx-a100x2", kGiB, Protocol::Simple, 1, true, p);
   ASSERT_TRUE(r.ok) << r.error;
   const double ideal = 15.0 / 16.0 * us(static_cast<double>(kGiB), nic);
   EXPECT_GT(r.timeUs, ideal);
@@ -374,16 +407,17 @@ TEST(Simulator, ProtocolsTradeLatencyForBandwidth) {
   auto simple = ringAg("dgx-a100", kKiB, Protocol::Simple);
   ASSERT_TRUE(ll.ok && simple.ok);
   EXPECT_LT(ll.timeUs, simple.timeUs);
-  auto llBig = ringAg("dgx-a100", kGiB, Protocol::LL);
-  auto ll128Big = ringAg("dgx-a100", kGiB, Protocol::LL128);
-  auto simpleBig = ringAg("dgx-a100", kGiB, Protocol::Simple);
+  // At 1 GiB on NCCL's 24 channels (per-step sync on: 9 us per Simple step, 1 per LL128 step).
+  auto llBig = ringAg("dgx-a100", kGiB, Protocol::LL, 24);
+  auto ll128Big = ringAg("dgx-a100", kGiB, Protocol::LL128, 24);
+  auto simpleBig = ringAg("dgx-a100", kGiB, Protocol::Simple, 24);
   ASSERT_TRUE(llBig.ok && ll128Big.ok && simpleBig.ok);
   EXPECT_LT(simpleBig.timeUs, ll128Big.timeUs);
   EXPECT_LT(ll128Big.timeUs, llBig.timeUs);
   // The override in SimParams gives the same as changing the schedule.
   SimParams p;
   p.protocol = Protocol::LL;
-  auto over = ringAg("dgx-a100", kGiB, Protocol::Simple, 1, false, p);
+  auto over = ringAg("dgx-a100", kGiB, Protocol::Simple, 24, false, p);
   ASSERT_TRUE(over.ok);
   EXPECT_EQ(over.timeUs, llBig.timeUs);
 }

@@ -19,6 +19,7 @@
 #include "optiflow/core/schedule.h"
 #include "optiflow/core/topology.h"
 #include "optiflow/sim/nccl_model.h"
+#include "optiflow/sim/simulator.h"
 
 namespace optiflow::sim {
 
@@ -61,5 +62,14 @@ core::Schedule ncclTreeAllReduce(const core::Topology& topo, const NcclScheduleO
 // give an error.
 core::Result<core::Schedule> ncclScheduleFor(const core::Topology& topo, core::Collective collective,
                                              const NcclPrediction& prediction, const NcclScheduleOptions& base = {});
+
+// The SimParams for timing the schedule ncclScheduleFor builds for `prediction`: the defaults plus what depends on
+// the host, the GPU and NCCL's choice as NCCL's own model sees them (docs/calibration.md):
+// - the network post overhead per step: Intel 1 us, AMD 2 us (nccl-cost-model.md 1.3 NCCL_NET_OVERHEAD);
+// - for Ring LL and LL128, NCCL's protocol bandwidth limits (1.4: Ring LL min(llMaxBw, 0.5 busBw), Ring LL128
+//   min(0.92 busBw, nCh x perChMaxRingLL128Bw)) as a per-flow data-rate cap: the model's Ring bus bandwidth for
+//   the protocol divided by the runtime channels (every channel has one flow per rank on the rank's port);
+// - the launch mode of the measurement being reproduced (kLaunchUsCudaGraph or kLaunchUsHost).
+SimParams ncclSimParams(const NcclPrediction& prediction, double launchUs = kLaunchUsCudaGraph);
 
 }  // namespace optiflow::sim

@@ -54,6 +54,20 @@ struct SimParams {
       {5.7, 1.0, 2.5},   // PCI
       {14.0, 2.7, 4.0},  // NET
   }};
+  // Per-step synchronisation, by hop class and protocol: every communicating step (send, receive, and the
+  // receive-and-forward ops), in every loop iteration, waits this long after its prerequisites are met before it
+  // moves data; it is serial within a thread block, so a block of k steps pays k x this per iteration. It stands
+  // for what a real executor pays per step beyond the wire (the credit/flag handshake with the peer, the memory
+  // fence of Simple, the proxy's post and completion for NET). The class of a step is the worst of its outgoing
+  // and incoming paths. Fitted on calibration.md 2.2 (docs/calibration.md): NVLink Simple on data set A (A100
+  // one node, 32 MiB - 8 GiB), LL128 on data set A (4 - 16 MiB), NET Simple on data set B (2 nodes x 1 and x 8
+  // GPUs, 1 - 4 GiB). LL pays none (flags travel in every line; the 1 KiB - 2 MiB points leave no room for it).
+  // PCI has no measurement and takes the NVLink values.
+  std::array<std::array<double, 3>, 3> stepSyncUs = {{
+      {9.0, 0.0, 1.0},  // NVLink: Simple, LL, LL128
+      {9.0, 0.0, 1.0},  // PCI (no data: the NVLink values)
+      {9.0, 0.0, 1.0},  // NET (the NVLink values: see docs/calibration.md)
+  }};
   // Proxy/network overhead per step on paths that cross a NIC: NCCL_NET_OVERHEAD (§1.3), 1 us on Intel and
   // "other" hosts, 2 us on AMD; times netOverheadSimpleFactor (3) for Simple.
   double netOverheadUs = 1.0;
