@@ -8,16 +8,42 @@ namespace {
 
 int mod(int a, int n) { return ((a % n) + n) % n; }
 
-Schedule skeleton(const RingOptions& o, Collective c, std::string_view name) {
-  Schedule s = emptySchedule(c, o.nRanks, o.nRanks * o.channels, o.inPlace);
+// One channel's ring as seen from a rank: at(k) is the rank k places further along.
+class RingView {
+ public:
+  RingView(const std::vector<int>* order, int n, int rank) : order_(order), n_(n), pos_(rank) {
+    if (order_ != nullptr) {
+      for (int i = 0; i < n; ++i) {
+        if ((*order_)[i] == rank) pos_ = i;
+      }
+    }
+  }
+  int at(int offset) const {
+    const int i = mod(pos_ + offset, n_);
+    return order_ != nullptr ? (*order_)[i] : i;
+  }
+
+ private:
+  const std::vector<int>* order_;
+  int n_;
+  int pos_;
+};
+
+RingView ringOf(const RingOptions& o, const RingOrders& orders, int rank, int channel) {
+  const std::vector<int>* order = orders.empty() ? nullptr : &orders[channel % orders.size()];
+  return RingView(order, o.nRanks, rank);
+}
+
+Schedule skeleton(const RingOptions& o, const RingOrders& orders, Collective coll, std::string_view name) {
+  Schedule s = emptySchedule(coll, o.nRanks, o.nRanks * o.channels, o.inPlace);
   s.name = fmt::format("ring_{}_{}r_{}ch{}", name, o.nRanks, o.channels, o.inPlace ? "_inplace" : "");
   s.protocol = o.protocol;
   s.nChannels = o.channels;
   for (int r = 0; r < o.nRanks; ++r) {
-    for (int c2 = 0; c2 < o.channels; ++c2) {
+    for (int c = 0; c < o.channels; ++c) {
       const bool ring = o.nRanks > 1;
-      s.ranks[r].threadBlocks.push_back(
-          makeBlock(c2, ring ? mod(r + 1, o.nRanks) : -1, ring ? mod(r - 1, o.nRanks) : -1, c2));
+      const RingView v = ringOf(o, orders, r, c);
+      s.ranks[r].threadBlocks.push_back(makeBlock(c, ring ? v.at(1) : -1, ring ? v.at(-1) : -1, c));
     }
   }
   return s;
@@ -59,8 +85,8 @@ Schedule emptySchedule(Collective c, int nRanks, int chunksPerLoop, bool inPlace
   return s;
 }
 
-Schedule ringAllGather(const RingOptions& o) {
-  Schedule s = skeleton(o, Collective::AllGather, "allgather");
+Schedule ringAllGather(const RingOptions& o, const RingOrders& orders) {
+  Schedule s = skeleton(o, orders, Collective::AllGather, "allgather");
   const int n = o.nRanks;
   const int ch = o.channels;
   constexpr auto I = BufferKind::Input;
@@ -77,20 +103,21 @@ Schedule ringAllGather(const RingOptions& o) {
       const int ownOff = o.inPlace ? own : c;
       if (!o.inPlace) steps.push_back(makeStep(StepOp::Copy, I, c, O, own));
       if (n == 1) continue;
+      const RingView ring = ringOf(o, orders, r, c);
       steps.push_back(makeStep(StepOp::Send, ownBuf, ownOff, O, own));
       for (int t = 1; t <= n - 2; ++t) {
-        const int chunk = mod(r - t, n) * ch + c;
+        const int chunk = ring.at(-t) * ch + c;
         steps.push_back(makeStep(StepOp::RecvCopySend, O, chunk, O, chunk));
       }
-      const int last = mod(r + 1, n) * ch + c;
+      const int last = ring.at(1) * ch + c;
       steps.push_back(makeStep(StepOp::Recv, O, last, O, last));
     }
   }
   return s;
 }
 
-Schedule ringReduceScatter(const RingOptions& o) {
-  Schedule s = skeleton(o, Collective::ReduceScatter, "reducescatter");
+Schedule ringReduceScatter(const RingOptions& o, const RingOrders& orders) {
+  Schedule s = skeleton(o, orders, Collective::ReduceScatter, "reducescatter");
   const int n = o.nRanks;
   const int ch = o.channels;
   constexpr auto I = BufferKind::Input;
@@ -102,13 +129,15 @@ Schedule ringReduceScatter(const RingOptions& o) {
     for (int c = 0; c < ch; ++c) {
       auto& steps = rp.threadBlocks[c].steps;
       if (n == 1) {
-        steps.push_back(makeStep(StepOp::Copy, I, c, O, c));
+        // In place the output already is the input.
+        if (!o.inPlace) steps.push_back(makeStep(StepOp::Copy, I, c, O, c));
         continue;
       }
-      const int first = mod(r - 1, n) * ch + c;
+      const RingView ring = ringOf(o, orders, r, c);
+      const int first = ring.at(-1) * ch + c;
       steps.push_back(makeStep(StepOp::Send, I, first, I, first));
       for (int t = 0; t <= n - 3; ++t) {
-        const int chunk = mod(r - t - 2, n) * ch + c;
+        const int chunk = ring.at(-t - 2) * ch + c;
         steps.push_back(makeStep(StepOp::RecvReduceSend, I, chunk, I, chunk));
       }
       steps.push_back(makeStep(StepOp::RecvReduceCopy, I, r * ch + c, O, c));
@@ -117,8 +146,8 @@ Schedule ringReduceScatter(const RingOptions& o) {
   return s;
 }
 
-Schedule ringAllReduce(const RingOptions& o) {
-  Schedule s = skeleton(o, Collective::AllReduce, "allreduce");
+Schedule ringAllReduce(const RingOptions& o, const RingOrders& orders) {
+  Schedule s = skeleton(o, orders, Collective::AllReduce, "allreduce");
   const int n = o.nRanks;
   const int ch = o.channels;
   constexpr auto I = BufferKind::Input;
@@ -133,19 +162,20 @@ Schedule ringAllReduce(const RingOptions& o) {
         if (!o.inPlace) steps.push_back(makeStep(StepOp::Copy, I, c, O, c));
         continue;
       }
-      const int first = mod(r - 1, n) * ch + c;
+      const RingView ring = ringOf(o, orders, r, c);
+      const int first = ring.at(-1) * ch + c;
       steps.push_back(makeStep(StepOp::Send, I, first, I, first));
       for (int t = 0; t <= n - 3; ++t) {
-        const int chunk = mod(r - t - 2, n) * ch + c;
+        const int chunk = ring.at(-t - 2) * ch + c;
         steps.push_back(makeStep(StepOp::RecvReduceSend, I, chunk, I, chunk));
       }
       const int own = r * ch + c;
       steps.push_back(makeStep(StepOp::RecvReduceCopySend, I, own, O, own));
       for (int t = 0; t <= n - 3; ++t) {
-        const int chunk = mod(r - 1 - t, n) * ch + c;
+        const int chunk = ring.at(-1 - t) * ch + c;
         steps.push_back(makeStep(StepOp::RecvCopySend, O, chunk, O, chunk));
       }
-      const int last = mod(r + 1, n) * ch + c;
+      const int last = ring.at(1) * ch + c;
       steps.push_back(makeStep(StepOp::Recv, O, last, O, last));
     }
   }

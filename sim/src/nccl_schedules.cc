@@ -79,102 +79,30 @@ std::vector<std::vector<int>> ncclRingOrders(const core::Topology& t, int count)
   return orders;
 }
 
-Schedule orderedRingAllGather(const std::vector<std::vector<int>>& orders, const NcclScheduleOptions& o) {
+namespace {
+
+// NCCL's rings are the fixtures' rings visiting the ranks in NCCL's order.
+Schedule orderedRing(Schedule (*make)(const fx::RingOptions&, const fx::RingOrders&), const fx::RingOrders& orders,
+                     const NcclScheduleOptions& o, std::string_view name) {
   const int n = orders.empty() ? 0 : static_cast<int>(orders[0].size());
   const int ch = channelsOf(o);
-  Schedule s = ringSkeleton(orders, o, Collective::AllGather, n * ch, "allgather");
-  const auto pos = positions(orders);
-  for (int r = 0; r < n; ++r) {
-    auto& rp = s.ranks[r];
-    rp.inputChunks = ch;
-    rp.outputChunks = n * ch;
-    for (int c = 0; c < ch; ++c) {
-      const std::size_t oc = static_cast<std::size_t>(c) % orders.size();
-      const Ring ring{&orders[oc], n, pos[oc][r]};
-      auto tb = fx::makeBlock(c, n > 1 ? ring.at(1) : -1, n > 1 ? ring.at(-1) : -1, c);
-      const int own = r * ch + c;
-      if (!o.inPlace) tb.steps.push_back(fx::makeStep(StepOp::Copy, kIn, c, kOut, own));
-      if (n > 1) {
-        tb.steps.push_back(fx::makeStep(StepOp::Send, o.inPlace ? kOut : kIn, o.inPlace ? own : c, kOut, own));
-        for (int t = 1; t <= n - 2; ++t) {
-          const int chunk = ring.at(-t) * ch + c;
-          tb.steps.push_back(fx::makeStep(StepOp::RecvCopySend, kOut, chunk, kOut, chunk));
-        }
-        const int last = ring.at(1) * ch + c;
-        tb.steps.push_back(fx::makeStep(StepOp::Recv, kOut, last, kOut, last));
-      }
-      rp.threadBlocks.push_back(std::move(tb));
-    }
-  }
+  Schedule s = make(fx::RingOptions{.nRanks = n, .channels = ch, .inPlace = o.inPlace, .protocol = o.protocol}, orders);
+  s.name = fmt::format("nccl_ring_{}_{}r_{}ch{}", name, n, ch, o.inPlace ? "_inplace" : "");
   return s;
+}
+
+}  // namespace
+
+Schedule orderedRingAllGather(const std::vector<std::vector<int>>& orders, const NcclScheduleOptions& o) {
+  return orderedRing(fx::ringAllGather, orders, o, "allgather");
 }
 
 Schedule orderedRingReduceScatter(const std::vector<std::vector<int>>& orders, const NcclScheduleOptions& o) {
-  const int n = orders.empty() ? 0 : static_cast<int>(orders[0].size());
-  const int ch = channelsOf(o);
-  Schedule s = ringSkeleton(orders, o, Collective::ReduceScatter, n * ch, "reducescatter");
-  const auto pos = positions(orders);
-  for (int r = 0; r < n; ++r) {
-    auto& rp = s.ranks[r];
-    rp.inputChunks = n * ch;
-    rp.outputChunks = ch;
-    for (int c = 0; c < ch; ++c) {
-      const std::size_t oc = static_cast<std::size_t>(c) % orders.size();
-      const Ring ring{&orders[oc], n, pos[oc][r]};
-      auto tb = fx::makeBlock(c, n > 1 ? ring.at(1) : -1, n > 1 ? ring.at(-1) : -1, c);
-      if (n == 1) {
-        if (!o.inPlace) tb.steps.push_back(fx::makeStep(StepOp::Copy, kIn, c, kOut, c));
-      } else {
-        const int first = ring.at(-1) * ch + c;
-        tb.steps.push_back(fx::makeStep(StepOp::Send, kIn, first, kIn, first));
-        for (int t = 0; t <= n - 3; ++t) {
-          const int chunk = ring.at(-t - 2) * ch + c;
-          tb.steps.push_back(fx::makeStep(StepOp::RecvReduceSend, kIn, chunk, kIn, chunk));
-        }
-        tb.steps.push_back(fx::makeStep(StepOp::RecvReduceCopy, kIn, r * ch + c, kOut, c));
-      }
-      rp.threadBlocks.push_back(std::move(tb));
-    }
-  }
-  return s;
+  return orderedRing(fx::ringReduceScatter, orders, o, "reducescatter");
 }
 
 Schedule orderedRingAllReduce(const std::vector<std::vector<int>>& orders, const NcclScheduleOptions& o) {
-  const int n = orders.empty() ? 0 : static_cast<int>(orders[0].size());
-  const int ch = channelsOf(o);
-  Schedule s = ringSkeleton(orders, o, Collective::AllReduce, n * ch, "allreduce");
-  const auto pos = positions(orders);
-  for (int r = 0; r < n; ++r) {
-    auto& rp = s.ranks[r];
-    rp.inputChunks = n * ch;
-    rp.outputChunks = o.inPlace ? 0 : n * ch;
-    for (int c = 0; c < ch; ++c) {
-      const std::size_t oc = static_cast<std::size_t>(c) % orders.size();
-      const Ring ring{&orders[oc], n, pos[oc][r]};
-      auto tb = fx::makeBlock(c, n > 1 ? ring.at(1) : -1, n > 1 ? ring.at(-1) : -1, c);
-      if (n == 1) {
-        if (!o.inPlace) tb.steps.push_back(fx::makeStep(StepOp::Copy, kIn, c, kOut, c));
-      } else {
-        // Reduce-scatter phase, then the all-gather phase on the same ring (1.9 "AllReduce").
-        const int first = ring.at(-1) * ch + c;
-        tb.steps.push_back(fx::makeStep(StepOp::Send, kIn, first, kIn, first));
-        for (int t = 0; t <= n - 3; ++t) {
-          const int chunk = ring.at(-t - 2) * ch + c;
-          tb.steps.push_back(fx::makeStep(StepOp::RecvReduceSend, kIn, chunk, kIn, chunk));
-        }
-        const int own = r * ch + c;
-        tb.steps.push_back(fx::makeStep(StepOp::RecvReduceCopySend, kIn, own, kOut, own));
-        for (int t = 0; t <= n - 3; ++t) {
-          const int chunk = ring.at(-1 - t) * ch + c;
-          tb.steps.push_back(fx::makeStep(StepOp::RecvCopySend, kOut, chunk, kOut, chunk));
-        }
-        const int last = ring.at(1) * ch + c;
-        tb.steps.push_back(fx::makeStep(StepOp::Recv, kOut, last, kOut, last));
-      }
-      rp.threadBlocks.push_back(std::move(tb));
-    }
-  }
-  return s;
+  return orderedRing(fx::ringAllReduce, orders, o, "allreduce");
 }
 
 Schedule orderedRingBroadcast(const std::vector<std::vector<int>>& orders, const NcclScheduleOptions& o) {
