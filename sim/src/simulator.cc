@@ -13,22 +13,6 @@
 
 namespace optiflow::sim {
 
-std::string_view toString(WaitKind k) {
-  switch (k) {
-    case WaitKind::Start:
-      return "start";
-    case WaitKind::BlockOrder:
-      return "block-order";
-    case WaitKind::Dependency:
-      return "dependency";
-    case WaitKind::DataHead:
-      return "data-head";
-    case WaitKind::DataTail:
-      return "data-tail";
-  }
-  return "?";
-}
-
 namespace {
 
 using core::StepOp;
@@ -956,46 +940,6 @@ SimResult simulate(const core::Schedule& schedule, const core::Topology& topolog
   auto net = Network::build(topology);
   if (!net) return failure(net.error().message, sizeBytes);
   return simulate(schedule, *net, sizeBytes, params);
-}
-
-nlohmann::json simResultToJson(const SimResult& r, const Network& network, std::size_t maxCriticalEntries) {
-  using nlohmann::json;
-  if (!r.ok) return json{{"size_bytes", r.sizeBytes}, {"error", r.error}};
-  json j = {{"size_bytes", r.sizeBytes},
-            {"time_us", r.timeUs},
-            {"algbw_gbps", r.algbwGBps},
-            {"busbw_gbps", r.busbwGBps},
-            {"protocol", core::toString(r.protocol)},
-            {"chunk_bytes", r.chunkBytes},
-            {"iterations", r.iterations},
-            {"simulated_iterations", r.simulatedIterations},
-            {"extrapolated", r.extrapolated}};
-  if (r.bottleneckLink >= 0 && r.bottleneckLink < static_cast<int>(network.links().size())) {
-    const auto& u = r.links[r.bottleneckLink];
-    j["bottleneck"] = {{"link", network.link(r.bottleneckLink).name},
-                       {"utilisation", u.utilisation},
-                       {"busy_fraction", u.busyFraction},
-                       {"bytes", u.bytes}};
-  } else {
-    j["bottleneck"] = nullptr;
-  }
-  json cp = json::array();
-  const std::size_t n = r.criticalPath.size();
-  for (std::size_t i = n > maxCriticalEntries ? n - maxCriticalEntries : 0; i < n; ++i) {
-    const auto& c = r.criticalPath[i];
-    cp.push_back({{"rank", c.rank},
-                  {"tb", c.tb},
-                  {"step", c.step},
-                  {"iteration", c.iteration},
-                  {"op", core::toString(c.op)},
-                  {"peer", c.peer},
-                  {"start_us", c.startUs},
-                  {"end_us", c.endUs},
-                  {"waited_on", toString(c.waitedOn)}});
-  }
-  j["critical_path_length"] = n;
-  j["critical_path"] = std::move(cp);
-  return j;
 }
 
 }  // namespace optiflow::sim

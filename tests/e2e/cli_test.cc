@@ -229,6 +229,9 @@ TEST_F(Cli, SimulateTimesAScheduleAboveItsBound) {
   for (const auto& row : rows) {
     EXPECT_GE(row.at("time_us").get<double>(), row.at("bound_us").get<double>());
     EXPECT_FALSE(row.at("below_bound").get<bool>());
+    EXPECT_FALSE(row.at("links").empty());
+    EXPECT_FALSE(row.at("critical_path").empty());
+    EXPECT_TRUE(row.at("bottleneck").contains("link"));
     EXPECT_GE(row.at("busbw_gbps").get<double>(), lastBusbw);
     lastBusbw = row.at("busbw_gbps").get<double>();
   }
