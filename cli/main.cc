@@ -266,8 +266,10 @@ int main(int argc, char** argv) {
           ->check(CLI::IsMember({"allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall"}));
     }
     cmd->add_option("--sizes", perf.sizes, "Sizes as nccl-tests counts them: 1KiB:1GiB[:factor] or a list");
-    cmd->add_option("--launch", perf.launch, "Kernel launch the simulator charges")
-        ->check(CLI::IsMember({"graph", "host"}));
+    if (cmd->get_name() != "bound") {
+      cmd->add_option("--launch", perf.launch, "Kernel launch the simulator charges")
+          ->check(CLI::IsMember({"graph", "host"}));
+    }
     cmd->add_flag("--json", perf.json, "Print JSON rows");
   };
   auto* simulate = app.add_subcommand("simulate", "Time a schedule on a topology with the event simulator");

@@ -126,8 +126,9 @@ class Checker {
   void add(std::string path, std::string message) { issues_.push_back({std::move(path), std::move(message)}); }
 
   void bandwidth(const std::string& path, double v) {
-    if (!std::isfinite(v) || v <= 0 || v > Topology::kMaxBandwidthGBps) {
-      add(path, fmt::format("expected a bandwidth in GB/s, > 0 and <= {}, got {}", Topology::kMaxBandwidthGBps, v));
+    if (!std::isfinite(v) || v < Topology::kMinBandwidthGBps || v > Topology::kMaxBandwidthGBps) {
+      add(path, fmt::format("expected a bandwidth in GB/s, >= {} and <= {}, got {}", Topology::kMinBandwidthGBps,
+                            Topology::kMaxBandwidthGBps, v));
     }
   }
   void latency(const std::string& path, double v) {

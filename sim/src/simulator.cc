@@ -863,7 +863,23 @@ SimResult Engine::run() {
   double total = makespan;
   if (r.extrapolated) {
     const double delta = exactIters_ >= 2 ? iterEnd[exactIters_ - 1] - iterEnd[exactIters_ - 2] : iterEnd[0] - t0_;
+    if (exactIters_ >= 3) {
+      const double before = iterEnd[exactIters_ - 2] - iterEnd[exactIters_ - 3];
+      r.steady = std::abs(delta - before) <= 0.01 * std::max(delta, before);
+    } else {
+      r.steady = false;
+    }
     total = makespan + static_cast<double>(iterations_ - static_cast<std::uint64_t>(exactIters_)) * delta;
+  }
+  // No link can carry its bytes faster than its capacity: an extrapolation that has not reached the steady state
+  // must never report less (this also keeps every result at or above the cut bounds, which use raw bandwidths).
+  {
+    const double scaleAll = static_cast<double>(iterations_) / exactIters_;
+    double floor = t0_;
+    for (std::size_t l = 0; l < cap_.size(); ++l) {
+      if (cap_[l] > 0) floor = std::max(floor, t0_ + linkBytes_[l] * scaleAll / cap_[l]);
+    }
+    total = std::max(total, floor);
   }
   r.timeUs = total;
   r.algbwGBps = core::gbps(static_cast<double>(size_), r.timeUs);
@@ -926,8 +942,16 @@ SimResult Engine::run() {
 SimResult simulate(const core::Schedule& schedule, const Network& network, std::uint64_t sizeBytes,
                    const SimParams& params) {
   try {
-    Engine e(schedule, network, sizeBytes, params);
-    return e.run();
+    // Extrapolation from the exactly simulated iterations is only sound once they take equal time; pipelines
+    // such as trees and chains take longer to settle, so simulate more of them until they do.
+    SimParams p = params;
+    SimResult r = Engine(schedule, network, sizeBytes, p).run();
+    while (r.ok && r.extrapolated && !r.steady && r.simulatedIterations == p.maxExactIterations &&
+           p.maxExactIterations < kMaxAdaptiveIterations) {
+      p.maxExactIterations = std::min(kMaxAdaptiveIterations, p.maxExactIterations * 2);
+      r = Engine(schedule, network, sizeBytes, p).run();
+    }
+    return r;
   } catch (const std::bad_alloc&) {
     return failure("out of memory while simulating", sizeBytes);
   } catch (const std::exception& ex) {

@@ -80,10 +80,13 @@ struct TopologyIssue {
 };
 
 struct Topology {
-  static constexpr int kMaxNodes = 65536;
+  // 32k GPUs on the 8-GPU presets: the bounds and the NCCL model stay well under a second there.
+  static constexpr int kMaxNodes = 4096;
   static constexpr int kMaxGpusPerNode = 1024;
   static constexpr int kMaxRanks = 1 << 20;
   static constexpr double kMaxBandwidthGBps = 1e6;
+  // 1 MB/s: anything slower is a typo, and would make times overflow what reports can print.
+  static constexpr double kMinBandwidthGBps = 1e-3;
   static constexpr double kMaxLatencyUs = 1e6;
   static constexpr double kMaxOversubscription = 1024;
 
@@ -141,7 +144,7 @@ struct PresetInfo {
   double nicBandwidthGBps = 0;
 };
 
-// The built-in node types; `<name>x<N>` gives N such nodes (e.g. dgx-a100x4 = 32 GPUs), N in [1, 65536].
+// The built-in node types; `<name>x<N>` gives N such nodes (e.g. dgx-a100x4 = 32 GPUs), N in [1, 4096].
 std::vector<PresetInfo> presets();
 Result<Topology> presetTopology(std::string_view name);
 // A preset name first, else a TOML file path; the diagnostic names both possibilities when neither works.

@@ -33,6 +33,8 @@ namespace optiflow::sim {
 // floors at 43-45 us, about 28 us above the model -> the host-launch figure. Both derived, not measured directly.
 inline constexpr double kLaunchUsCudaGraph = 2.0;
 inline constexpr double kLaunchUsHost = 28.0;
+// The most loop iterations simulate() will simulate exactly while waiting for a steady state.
+inline constexpr int kMaxAdaptiveIterations = 16;
 
 // Index of a protocol in the per-protocol arrays below: Simple 0, LL 1, LL128 2 (core::Protocol's order).
 constexpr int protocolIndex(core::Protocol p) { return static_cast<int>(p); }
@@ -93,7 +95,7 @@ struct SimParams {
   double localCopyGBps = 1000.0;
   // Simulate at most this many loop iterations exactly, extrapolate the rest from the last iteration's
   // increment (docs/simulator.md). >= 1.
-  int maxExactIterations = 4;
+  int maxExactIterations = 4;  // the first try; simulate() adds more while the pipeline is not yet steady
   // Refuse schedules whose steps x exactly simulated iterations exceed this (memory guard, ~40 bytes each).
   std::uint64_t maxStepInstances = 16u << 20;
   // Use this protocol instead of the schedule's.
@@ -136,13 +138,16 @@ struct SimResult {
   std::string error;  // set when !ok
   std::uint64_t sizeBytes = 0;
   core::Protocol protocol = core::Protocol::Simple;
-  double timeUs = 0;                       // launch + base latency + data movement
-  double algbwGBps = 0;                    // sizeBytes / timeUs (nccl-tests)
-  double busbwGBps = 0;                    // algbw x core::busBandwidthFactor
-  double chunkBytes = 0;                   // sizeBytes / chunksPerLoop
-  std::uint64_t iterations = 1;            // loop iterations the size needs
-  int simulatedIterations = 1;             // of which simulated exactly
-  bool extrapolated = false;               // iterations > simulatedIterations
+  double timeUs = 0;             // launch + base latency + data movement
+  double algbwGBps = 0;          // sizeBytes / timeUs (nccl-tests)
+  double busbwGBps = 0;          // algbw x core::busBandwidthFactor
+  double chunkBytes = 0;         // sizeBytes / chunksPerLoop
+  std::uint64_t iterations = 1;  // loop iterations the size needs
+  int simulatedIterations = 1;   // of which simulated exactly
+  bool extrapolated = false;     // iterations > simulatedIterations
+  // The last exactly simulated iterations took the same time (within 1%), so extrapolating from them is sound.
+  // simulate() doubles the exact iterations (up to kMaxAdaptiveIterations) until this holds.
+  bool steady = true;
   double startUs = 0;                      // when data movement starts (launch + base latency)
   std::vector<LinkUsage> links;            // by Network link id
   int bottleneckLink = -1;                 // highest utilisation (then most bytes, then lowest id); -1 if none used
