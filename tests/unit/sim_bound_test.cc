@@ -66,11 +66,15 @@ TEST(SimulatorVersusBound, NcclSchedulesAreNeverFasterThanTheBoundOnAnyPreset) {
     ASSERT_TRUE(net.ok());
     const BoundModel bounds(*topo);
     // The channel counts NCCL's model picks on these presets (up to 32) are where pipelines take longest to settle.
+    // 16 channels only where the tree exists (two nodes and more): the sanitizer build runs this test too.
     for (int channels : {4, 16}) {
+      if (channels == 16 && topo->nodes != 2) continue;
       const NcclScheduleOptions o{.channels = channels};
       const std::string tag = fmt::format("{} {}ch nccl ", preset, channels);
       // Fewer sizes than for the rings: these schedules are large (the sanitizer build runs this too).
-      const std::vector<std::uint64_t> sizes = {1024, 1u << 20, 1u << 30};
+      // (UnsettledPipelinesAreSimulatedUntilSteady covers the 16-channel tree at 1 GiB.)
+      const std::vector<std::uint64_t> sizes = channels == 4 ? std::vector<std::uint64_t>{1024, 1u << 20, 1u << 30}
+                                                             : std::vector<std::uint64_t>{1024, 1u << 20, 64u << 20};
       expectAtOrAboveBound(ncclRingAllGather(*topo, o), *net, bounds, tag + "ring allgather", &checked, sizes);
       expectAtOrAboveBound(ncclRingReduceScatter(*topo, o), *net, bounds, tag + "ring reducescatter", &checked, sizes);
       expectAtOrAboveBound(ncclRingAllReduce(*topo, o), *net, bounds, tag + "ring allreduce", &checked, sizes);
