@@ -1,0 +1,64 @@
+// The deterministic compiler: intent IR (core/intent.h) + topology + message size -> a verified schedule IR.
+// It routes every transfer (relays become two hops through the relay's scratch), places every value in a buffer
+// slot (input, output, or scratch for partial sums and relayed data), derives the per-chunk dependencies (data,
+// and the write-after-read / write-after-write orderings buffer reuse needs, in both buffer modes), fuses a
+// receive with the send it feeds into one receive-and-forward step, assigns channels and thread blocks within
+// the executor's limits, and orders every thread block's steps by list scheduling (docs/compiler.md). The result
+// always goes through the verifier; a schedule that is not proven is an internal error, never an output.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "optiflow/compiler/verifier.h"
+#include "optiflow/core/error.h"
+#include "optiflow/core/intent.h"
+#include "optiflow/core/schedule.h"
+#include "optiflow/core/topology.h"
+
+namespace optiflow::compiler {
+
+// What the executor we export to accepts. msccl() is the MSCCL executor of NCCL (the "new" dialect, the
+// strictest of those checkMscclLimits knows); none() drops every limit but the IR's own.
+struct ExecutorLimits {
+  int maxChannels = 32;
+  int maxBlocksPerChannel = 32;
+  int maxBlocksPerRank = 1024;
+  int maxStepsPerBlock = 64;
+  int maxCount = 71;  // chunks per step
+  static ExecutorLimits msccl() { return {}; }
+  static ExecutorLimits none() { return {1 << 20, 1 << 20, 1 << 20, 1 << 30, 1 << 30}; }
+};
+
+struct CompileOptions {
+  // The message size (nccl-tests convention) the schedule is tuned for; 0 = size-independent defaults.
+  std::uint64_t sizeBytes = 0;
+  std::optional<core::Protocol> protocol;  // unset: chosen from the size (docs/compiler.md)
+  int channels = 0;  // parallel copies of every connection (each carries its share of every chunk); 0 = choose
+  int slices = 0;    // every intent chunk is cut into this many schedule chunks (>= channels); 0 = choose
+  ExecutorLimits limits = ExecutorLimits::msccl();
+  bool verify = true;  // run the verifier (turn off only in benchmarks of the compiler itself)
+};
+
+struct CompileResult {
+  core::Schedule schedule;  // supports both buffer modes (in-place and out-of-place)
+  VerifyReport report;      // proven when options.verify
+  core::Protocol protocol = core::Protocol::Simple;
+  int channels = 1;
+  int slices = 1;
+  std::size_t hops = 0;   // point-to-point transfers after routing and slicing
+  std::size_t fused = 0;  // receives fused with the send they feed
+  std::string summary;    // one line: "12 thread blocks/rank max, 3 channels, Simple, 4 slices, ..."
+};
+
+// Errors: a malformed intent (validateIntent), limits that cannot be met (naming the limit and what exceeded it),
+// sizes beyond the IR's limits, or (a bug) a schedule the verifier did not prove, with its first findings.
+core::Result<CompileResult> compile(const core::IntentProgram& intent, const core::Topology& topology,
+                                    const CompileOptions& options = {});
+
+// The protocol the compiler picks for `sizeBytes` when none is given.
+core::Protocol chooseProtocol(const core::IntentProgram& intent, std::uint64_t sizeBytes);
+
+}  // namespace optiflow::compiler
