@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace optiflow::cli {
 
@@ -20,6 +21,32 @@ struct PerfArgs {
   bool simulateNccl = false;  // baseline: also time NCCL's own algorithm as a schedule with the simulator
 };
 
+struct CompileArgs {
+  std::string program;
+  std::string topology;
+  std::string size;  // empty: size-independent defaults
+  std::string format = "json";
+  std::string output;
+  std::string protocol;  // empty: chosen from the size
+  int channels = 0;
+  int slices = 0;
+  int root = 0;
+  std::string limits = "msccl";
+};
+
+struct CompareArgs {
+  std::vector<std::string> programs;
+  std::string topology;
+  std::string collective = "allgather";
+  std::string sizes = "1KiB:1GiB:4";
+  std::string launch = "graph";
+  int root = 0;
+  bool json = false;
+  bool verbose = false;
+};
+
+int runCompile(const CompileArgs& args);
+int runCompare(const CompareArgs& args);
 int runSimulate(const std::string& scheduleFile, const PerfArgs& args);
 int runBound(const PerfArgs& args);
 int runBaseline(const PerfArgs& args);

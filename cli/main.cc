@@ -286,6 +286,37 @@ int main(int argc, char** argv) {
   baseline->add_flag("--simulate", perf.simulateNccl, "Also time NCCL's algorithm as a schedule with the simulator");
   baseline->callback([&] { rc = optiflow::cli::runBaseline(perf); });
 
+  optiflow::cli::CompileArgs comp;
+  auto* compile = app.add_subcommand("compile", "Compile a program in the OptiFlow language into a verified schedule");
+  compile->add_option("program", comp.program, "Program file (.ofl)")->required();
+  compile->add_option("--topo", comp.topology, "Preset (e.g. dgx-a100x4) or TOML topology file")->required();
+  compile->add_option("--size", comp.size, "Message size to tune for (nccl-tests convention), e.g. 256MiB");
+  compile->add_option("--format", comp.format, "Output format")->check(CLI::IsMember({"json", "msccl-xml"}));
+  compile->add_option("-o,--output", comp.output, "Output file (default: standard output)");
+  compile->add_option("--protocol", comp.protocol, "Force a protocol")->check(CLI::IsMember({"LL", "LL128", "Simple"}));
+  compile->add_option("--channels", comp.channels, "Channels (0: chosen from the size)")->check(CLI::Range(0, 32));
+  compile->add_option("--slices", comp.slices, "Schedule chunks per program chunk (0: as many as channels)")
+      ->check(CLI::Range(0, 64));
+  compile->add_option("--root", comp.root, "Root rank of broadcast and reduce")->check(CLI::NonNegativeNumber);
+  compile->add_option("--limits", comp.limits, "Executor limits to respect")->check(CLI::IsMember({"msccl", "none"}));
+  compile->callback([&] { rc = optiflow::cli::runCompile(comp); });
+
+  optiflow::cli::CompareArgs cmp;
+  auto* compare = app.add_subcommand(
+      "compare", "Best of several programs per size against NCCL's choice and the lower bound (simulated)");
+  compare->add_option("programs", cmp.programs, "Program files (.ofl); those for other collectives are skipped")
+      ->required();
+  compare->add_option("--topo", cmp.topology, "Preset (e.g. dgx-a100x4) or TOML topology file")->required();
+  compare->add_option("--coll", cmp.collective, "Collective")
+      ->check(CLI::IsMember({"allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall"}));
+  compare->add_option("--sizes", cmp.sizes, "Sizes as nccl-tests counts them: 1KiB:1GiB[:factor] or a list");
+  compare->add_option("--launch", cmp.launch, "Kernel launch the simulator charges")
+      ->check(CLI::IsMember({"graph", "host"}));
+  compare->add_option("--root", cmp.root, "Root rank of broadcast and reduce")->check(CLI::NonNegativeNumber);
+  compare->add_flag("--json", cmp.json, "Print JSON rows");
+  compare->add_flag("-v,--verbose", cmp.verbose, "Say why a program did not compile at a size");
+  compare->callback([&] { rc = optiflow::cli::runCompare(cmp); });
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,1 +1,985 @@
-// placeholder: being written (issue 4)
+#include "optiflow/compiler/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <new>
+#include <queue>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "optiflow/core/collective.h"
+
+namespace optiflow::compiler {
+
+using core::BufferKind;
+using core::Collective;
+using core::IntentProgram;
+using core::Protocol;
+using core::Schedule;
+using core::StepOp;
+using core::Topology;
+using core::Transfer;
+using core::TransferKind;
+
+namespace {
+
+constexpr int kNone = -1;
+
+// What every communicating step costs beyond its data in the list scheduler's estimate, by protocol (Simple, LL,
+// LL128): the simulator's calibrated per-step synchronisation (docs/simulator.md, SimParams::stepSyncUs).
+constexpr double kStepSyncUs[3] = {9.0, 0.0, 1.0};
+// Data bytes per wire byte, by protocol (docs/simulator.md, protocolEfficiency).
+constexpr double kProtocolEfficiency[3] = {1.0, 0.5, 120.0 / 128.0};
+
+struct Slot {
+  BufferKind buf = BufferKind::Input;
+  int index = kNone;  // kNone: the rank holds nothing of the chunk
+  bool valid() const { return index >= 0; }
+  friend bool operator==(const Slot&, const Slot&) = default;
+};
+
+enum class OpKind : std::uint8_t { Send, Recv, Copy };
+
+struct Op {
+  int rank = 0;
+  OpKind kind = OpKind::Send;
+  bool reduce = false;  // Recv: combine with the value at `src`
+  int hop = kNone;      // Send/Recv
+  Slot src;             // Send: what is read; Recv: the sender's slot (reduce: the local value combined); Copy: from
+  Slot dst;             // Send: the peer's slot; Recv/Copy: what is written
+  int depBegin = 0;
+  int depCount = 0;
+  int fusedSend = kNone;  // Recv: the Send op it forwards to (one receive-and-forward step)
+  int forwardTo = kNone;  // Recv: the first rank a send fed only by this receive goes to (fusion candidate)
+  bool absorbed = false;  // Send: part of a fused step
+  int fusedInto = kNone;  // Send: the Recv op whose step carries it
+  int tb = kNone;         // index into the rank's blocks
+  double dur = 0;         // estimated transfer time (Send) or local copy time
+  double up = 0;          // upward rank: this op's work plus the longest chain of work that depends on it
+};
+
+struct Hop {
+  int src = 0;
+  int dst = 0;
+  int chunk = 0;  // schedule chunk
+  int channel = 0;
+  int sendOp = kNone;
+  int recvOp = kNone;
+};
+
+struct Block {
+  int sendPeer = kNone;
+  int recvPeer = kNone;
+  int channel = 0;
+  std::vector<int> ops;
+};
+
+// Per rank: where every value lives and who touched every slot last, for the dependency derivation.
+struct RankState {
+  std::vector<Slot> loc;    // per schedule chunk: where the rank's current value is (index kNone: nothing)
+  std::vector<int> writer;  // per canonical slot: the last op that wrote it
+  std::vector<std::vector<int>> readers;            // per canonical slot: ops that read it since
+  std::unordered_map<std::int64_t, int> scratchOf;  // (chunk, relay?) -> scratch index
+  int scratch = 0;
+};
+
+class Scheduler {
+ public:
+  Scheduler(const IntentProgram& in, const Topology& topo, const CompileOptions& opt, int channels, int slices,
+            Protocol proto, bool paired)
+      : in_(in), topo_(topo), opt_(opt), ch_(channels), s_(slices), proto_(proto), paired_(paired) {}
+
+  // Builds hops, ops and dependencies; false with error_ set when the intent is inconsistent.
+  bool build();
+  // Fusion, thread-block assignment and the order of every block's steps; false with error_ set when the steps
+  // cannot be ordered (a dependency cycle through a connection's first-in-first-out order).
+  bool assign();
+  bool order();
+  Schedule emit() const;
+
+  int maxBlockSteps() const { return maxSteps_; }
+  int maxBlocksPerChannel() const { return maxPerChannel_; }
+  int maxBlocksPerRank() const { return maxPerRank_; }
+  int maxPeersPerChannel() const { return maxPeers_; }
+  std::size_t hops() const { return hops_.size(); }
+  std::size_t fused() const { return fused_; }
+  const std::string& error() const { return error_; }
+
+ private:
+  int n() const { return in_.nRanks; }
+  int share() const { return in_.parts * s_; }  // schedule chunks per block
+  int chunksPerLoop() const {
+    const Collective c = in_.collective;
+    if (c == Collective::Broadcast || c == Collective::Reduce) return share();
+    return n() * share();
+  }
+  // Index of schedule chunk `sc` in the buffers of the collective (see docs/compiler.md, "Buffers").
+  Slot initialSlot(int rank, int sc) const;
+  Slot finalSlot(int rank, int sc) const;  // where the postcondition wants it, or invalid if not wanted here
+  bool finalHolder(int rank, int sc) const { return finalSlot(rank, sc).valid(); }
+  Slot receiveSlot(int rank, int sc);  // where a received (non-relayed) value is stored
+  Slot relaySlot(int rank, int sc);
+  Slot alternateSlot(int rank, int sc, Slot busy);
+  bool readInRound(int rank, Slot s, int firstOp);
+  int canonical(int rank, Slot s) const;
+  void growSlots(RankState& st, int index);
+
+  int newOp(int rank, OpKind kind);
+  void addDep(std::vector<int>& deps, int op) {
+    if (op != kNone) deps.push_back(op);
+  }
+  void commitDeps(int op, std::vector<int>& deps);
+  // Reads / writes for the hazard tracking; each returns the ops the accessor must wait for.
+  void readDeps(int rank, Slot s, std::vector<int>& deps);
+  void noteRead(int rank, Slot s, int op);
+  void writeDeps(int rank, Slot s, std::vector<int>& deps);
+  void noteWrite(int rank, Slot s, int op);
+
+  void noteForward(int sendOp, int dst) {
+    const Op& o = ops_[sendOp];
+    if (o.depCount != 1) return;
+    Op& r = ops_[deps_[o.depBegin]];
+    if (r.kind == OpKind::Recv && r.forwardTo == kNone) r.forwardTo = dst;
+  }
+  double hopDuration(int src, int dst) const;
+  void estimate();
+  int blockFor(int rank, int channel, int sendPeer, int recvPeer, bool create);
+
+  const IntentProgram& in_;
+  const Topology& topo_;
+  const CompileOptions& opt_;
+  int ch_;
+  int s_;
+  Protocol proto_;
+  bool paired_;
+  std::string error_;
+
+  std::vector<Op> ops_;
+  std::vector<int> deps_;
+  std::vector<Hop> hops_;
+  std::vector<RankState> st_;
+  std::vector<std::vector<Block>> blocks_;  // per rank
+  std::vector<int> scratchCount_;
+  std::size_t fused_ = 0;
+  int maxSteps_ = 0;
+  int maxPerChannel_ = 0;
+  int maxPerRank_ = 0;
+  int maxPeers_ = 0;
+};
+
+Slot Scheduler::initialSlot(int rank, int sc) const {
+  const int k = share();
+  const int block = sc / k;
+  switch (in_.collective) {
+    case Collective::AllGather:
+      return block == rank ? Slot{BufferKind::Input, sc - rank * k} : Slot{};
+    case Collective::ReduceScatter:
+    case Collective::AllReduce:
+    case Collective::Reduce:
+      return {BufferKind::Input, sc};
+    case Collective::Broadcast:
+      return rank == in_.root ? Slot{BufferKind::Input, sc} : Slot{};
+    case Collective::AllToAll: {
+      const int from = block / n();
+      const int to = block % n();
+      return from == rank ? Slot{BufferKind::Input, to * k + sc % k} : Slot{};
+    }
+    case Collective::Custom:
+      break;
+  }
+  return {};
+}
+
+Slot Scheduler::finalSlot(int rank, int sc) const {
+  const int k = share();
+  const int block = sc / k;
+  switch (in_.collective) {
+    case Collective::AllGather:
+    case Collective::AllReduce:
+    case Collective::Broadcast:
+      return {BufferKind::Output, sc};
+    case Collective::ReduceScatter:
+      return block == rank ? Slot{BufferKind::Output, sc - rank * k} : Slot{};
+    case Collective::Reduce:
+      return rank == in_.root ? Slot{BufferKind::Output, sc} : Slot{};
+    case Collective::AllToAll: {
+      const int from = block / n();
+      const int to = block % n();
+      return to == rank ? Slot{BufferKind::Output, from * k + sc % k} : Slot{};
+    }
+    case Collective::Custom:
+      break;
+  }
+  return {};
+}
+
+Slot Scheduler::receiveSlot(int rank, int sc) {
+  const Slot f = finalSlot(rank, sc);
+  if (f.valid()) return f;
+  // All-Reduce and Reduce may use every rank's output as work space (Reduce leaves non-root outputs undefined).
+  if (in_.collective == Collective::Reduce) return {BufferKind::Output, sc};
+  RankState& st = st_[rank];
+  const std::int64_t key = static_cast<std::int64_t>(sc) * 3;
+  auto [it, inserted] = st.scratchOf.try_emplace(key, st.scratch);
+  if (inserted) ++st.scratch;
+  return {BufferKind::Scratch, it->second};
+}
+
+Slot Scheduler::relaySlot(int rank, int sc) {
+  RankState& st = st_[rank];
+  const std::int64_t key = static_cast<std::int64_t>(sc) * 3 + 1;
+  auto [it, inserted] = st.scratchOf.try_emplace(key, st.scratch);
+  if (inserted) ++st.scratch;
+  return {BufferKind::Scratch, it->second};
+}
+
+bool Scheduler::readInRound(int rank, Slot s, int firstOp) {
+  RankState& st = st_[rank];
+  const int c = canonical(rank, s);
+  growSlots(st, c);
+  return !st.readers[c].empty() && st.readers[c].back() >= firstOp;
+}
+
+// The other of two scratch homes of a chunk on a rank (never the one `busy` names).
+Slot Scheduler::alternateSlot(int rank, int sc, Slot busy) {
+  RankState& st = st_[rank];
+  for (int variant : {2, 0}) {
+    const std::int64_t key = static_cast<std::int64_t>(sc) * 3 + variant;
+    auto [it, inserted] = st.scratchOf.try_emplace(key, st.scratch);
+    if (inserted) ++st.scratch;
+    const Slot cand{BufferKind::Scratch, it->second};
+    if (!(cand == busy)) return cand;
+  }
+  return busy;
+}
+
+// One index per physical location, with the in-place aliasing applied: tracking hazards on these makes the
+// dependencies right for both buffer modes at once (out-of-place only has fewer real conflicts).
+int Scheduler::canonical(int rank, Slot s) const {
+  const int c = chunksPerLoop();
+  const int k = share();
+  const int inSize = in_.collective == Collective::AllGather ? k : c;
+  switch (s.buf) {
+    case BufferKind::Input:
+      if (in_.collective == Collective::AllGather) return rank * k + s.index;  // the rank's slice of the output
+      return s.index;
+    case BufferKind::Output:
+      if (in_.collective == Collective::AllGather) return s.index;
+      if (in_.collective == Collective::ReduceScatter) return rank * k + s.index;
+      return s.index;  // the others alias output onto input
+    case BufferKind::Scratch:
+      return (in_.collective == Collective::AllGather ? c : std::max(inSize, c)) + s.index;
+  }
+  return 0;
+}
+
+void Scheduler::growSlots(RankState& st, int index) {
+  if (index >= static_cast<int>(st.writer.size())) {
+    const std::size_t size = std::max<std::size_t>(index + 1, st.writer.size() * 2);
+    st.writer.resize(size, kNone);
+    st.readers.resize(size);
+  }
+}
+
+int Scheduler::newOp(int rank, OpKind kind) {
+  Op op;
+  op.rank = rank;
+  op.kind = kind;
+  ops_.push_back(op);
+  return static_cast<int>(ops_.size()) - 1;
+}
+
+void Scheduler::commitDeps(int op, std::vector<int>& deps) {
+  std::sort(deps.begin(), deps.end());
+  deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
+  std::erase(deps, op);
+  ops_[op].depBegin = static_cast<int>(deps_.size());
+  ops_[op].depCount = static_cast<int>(deps.size());
+  deps_.insert(deps_.end(), deps.begin(), deps.end());
+  deps.clear();
+}
+
+void Scheduler::readDeps(int rank, Slot s, std::vector<int>& deps) {
+  RankState& st = st_[rank];
+  const int c = canonical(rank, s);
+  growSlots(st, c);
+  addDep(deps, st.writer[c]);
+}
+
+void Scheduler::noteRead(int rank, Slot s, int op) {
+  RankState& st = st_[rank];
+  const int c = canonical(rank, s);
+  growSlots(st, c);
+  st.readers[c].push_back(op);
+}
+
+void Scheduler::writeDeps(int rank, Slot s, std::vector<int>& deps) {
+  RankState& st = st_[rank];
+  const int c = canonical(rank, s);
+  growSlots(st, c);
+  addDep(deps, st.writer[c]);
+  for (int r : st.readers[c]) addDep(deps, r);
+}
+
+void Scheduler::noteWrite(int rank, Slot s, int op) {
+  RankState& st = st_[rank];
+  const int c = canonical(rank, s);
+  growSlots(st, c);
+  st.writer[c] = op;
+  st.readers[c].clear();
+}
+
+bool Scheduler::build() {
+  const int c = in_.nChunks() * s_;  // schedule chunks (All-to-All has more than one buffer holds)
+  st_.assign(n(), RankState{});
+  for (int r = 0; r < n(); ++r) {
+    st_[r].loc.resize(c);
+    for (int sc = 0; sc < c; ++sc) st_[r].loc[sc] = initialSlot(r, sc);
+  }
+  const std::size_t expectHops = in_.transfers.size() * static_cast<std::size_t>(s_);
+  hops_.reserve(expectHops);
+  ops_.reserve(expectHops * 2 + static_cast<std::size_t>(n()) * c / 4);
+  std::vector<int> deps;
+
+  // A pending receive of one round: the hop, and where its value lands.
+  struct Pending {
+    int hop;
+    bool reduce;
+    int finalDst;  // the transfer's destination (a relay's second hop is created when the first one lands)
+  };
+  std::vector<Pending> pending;
+  std::size_t i = 0;
+  const auto& tr = in_.transfers;
+  while (i < tr.size()) {
+    std::size_t end = i;
+    while (end < tr.size() && tr[end].round == tr[i].round) ++end;
+    // Phase 1: every send of the round reads the value as it was when the round began.
+    pending.clear();
+    const int roundFirstOp = static_cast<int>(ops_.size());
+    for (std::size_t t = i; t < end; ++t) {
+      const Transfer& x = tr[t];
+      for (int j = 0; j < s_; ++j) {
+        const int sc = x.chunk * s_ + j;
+        const Slot from = st_[x.src].loc[sc];
+        if (!from.valid()) {
+          error_ = fmt::format("transfer {} (round {}, line {}): rank {} sends chunk {} but holds nothing of it", t,
+                               x.round, x.line, x.src, x.chunk);
+          return false;
+        }
+        Hop h;
+        h.src = x.src;
+        h.dst = x.via >= 0 ? x.via : x.dst;
+        h.chunk = sc;
+        h.channel = sc % ch_;
+        const int hopId = static_cast<int>(hops_.size());
+        const int op = newOp(x.src, OpKind::Send);
+        ops_[op].hop = hopId;
+        ops_[op].src = from;
+        readDeps(x.src, from, deps);
+        commitDeps(op, deps);
+        noteRead(x.src, from, op);
+        noteForward(op, h.dst);
+        h.sendOp = op;
+        hops_.push_back(h);
+        pending.push_back({hopId, x.kind == TransferKind::Reduce, x.dst});
+      }
+    }
+    // Phase 2: the receives, in list order (several reductions into one slot are chained by their hazards).
+    for (std::size_t p = 0; p < pending.size(); ++p) {
+      const Pending pd = pending[p];
+      Hop& h = hops_[pd.hop];
+      const int sc = h.chunk;
+      const bool relayHop = h.dst != pd.finalDst;
+      const int op = newOp(h.dst, OpKind::Recv);
+      Op& o = ops_[op];
+      o.hop = pd.hop;
+      o.src = ops_[h.sendOp].src;
+      Slot to;
+      if (relayHop) {
+        to = relaySlot(h.dst, sc);
+      } else if (pd.reduce) {
+        const Slot cur = st_[h.dst].loc[sc];
+        if (!cur.valid()) {
+          error_ = fmt::format("a reduction into rank {} of chunk {} finds nothing to reduce into", h.dst, sc);
+          return false;
+        }
+        o.reduce = true;
+        o.src = cur;
+        readDeps(h.dst, cur, deps);
+        noteRead(h.dst, cur, op);
+        to = receiveSlot(h.dst, sc);
+      } else {
+        to = receiveSlot(h.dst, sc);
+      }
+      // Never overwrite a value a send of this same round still reads (an exchange): land beside it instead, so
+      // no receive waits on a send of its own round (the final copy puts values where the output wants them).
+      if (!relayHop && readInRound(h.dst, to, roundFirstOp)) to = alternateSlot(h.dst, sc, to);
+      o.dst = to;
+      ops_[h.sendOp].dst = to;
+      writeDeps(h.dst, to, deps);
+      commitDeps(op, deps);
+      noteWrite(h.dst, to, op);
+      h.recvOp = op;
+      if (relayHop) {
+        // Second hop: relay -> destination, created now so that it depends on the first one's arrival.
+        Hop h2;
+        h2.src = h.dst;
+        h2.dst = pd.finalDst;
+        h2.chunk = sc;
+        h2.channel = h.channel;
+        const int hop2 = static_cast<int>(hops_.size());
+        const int sop = newOp(h2.src, OpKind::Send);
+        ops_[sop].hop = hop2;
+        ops_[sop].src = to;
+        readDeps(h2.src, to, deps);
+        commitDeps(sop, deps);
+        noteRead(h2.src, to, sop);
+        noteForward(sop, h2.dst);
+        h2.sendOp = sop;
+        hops_.push_back(h2);
+        pending.push_back({hop2, pd.reduce, pd.finalDst});
+      } else {
+        st_[h.dst].loc[sc] = to;
+      }
+    }
+    i = end;
+  }
+
+  // Values the postcondition wants in the output that are somewhere else (an All-Gather rank's own block, a
+  // root's data, anything a one-rank program never moves) are copied there at the end.
+  for (int r = 0; r < n(); ++r) {
+    for (int sc = 0; sc < c; ++sc) {
+      const Slot f = finalSlot(r, sc);
+      if (!f.valid()) continue;
+      const Slot cur = st_[r].loc[sc];
+      if (!cur.valid()) {
+        error_ = fmt::format("rank {} never receives chunk {} that the collective requires", r, sc);
+        return false;
+      }
+      if (cur == f) continue;
+      const int op = newOp(r, OpKind::Copy);
+      ops_[op].src = cur;
+      ops_[op].dst = f;
+      readDeps(r, cur, deps);
+      writeDeps(r, f, deps);
+      commitDeps(op, deps);
+      noteRead(r, cur, op);
+      noteWrite(r, f, op);
+      st_[r].loc[sc] = f;
+    }
+  }
+  scratchCount_.resize(n());
+  for (int r = 0; r < n(); ++r) scratchCount_[r] = st_[r].scratch;
+  std::vector<RankState>().swap(st_);
+  estimate();
+  return true;
+}
+
+double Scheduler::hopDuration(int src, int dst) const {
+  const double bytes = opt_.sizeBytes > 0 ? static_cast<double>(opt_.sizeBytes) / chunksPerLoop() : 1.0;
+  double bw = 0;
+  double lat = 0;
+  const int a = topo_.localOf(src);
+  const int b = topo_.localOf(dst);
+  if (topo_.nodeOf(src) == topo_.nodeOf(dst)) {
+    bw = topo_.intraBandwidth(a, b);
+    lat = topo_.intraLatencyUs(a, b);
+    if (bw <= 0) {  // relayed inside the node by the fabric
+      bw = std::max(1.0, topo_.intra.gpuBandwidthGBps * 0.5);
+      lat = 2 * std::max(1.0, topo_.intra.latencyUs);
+    }
+  } else {
+    const int ra = topo_.railOf(a);
+    const int rb = topo_.railOf(b);
+    bw = ra >= 0 ? topo_.nics[ra].bandwidthGBps : std::max(1.0, topo_.nodeEgressBandwidth());
+    lat = (ra >= 0 && rb >= 0) ? topo_.interLatencyUs(ra, rb) : 5.0;
+  }
+  const double wire = bytes / kProtocolEfficiency[static_cast<int>(proto_)];
+  return lat + 1.0 + wire / (bw * 1e3);  // GB/s = 1e3 bytes per microsecond
+}
+
+// Durations and upward ranks (the longest chain of estimated work from an op to the end): the list scheduler's
+// priority among steps that are ready at the same time.
+void Scheduler::estimate() {
+  const double copyUs = opt_.sizeBytes > 0 ? static_cast<double>(opt_.sizeBytes) / chunksPerLoop() / 1e6 : 0.01;
+  for (Op& o : ops_) {
+    if (o.kind == OpKind::Send) {
+      o.dur = hopDuration(hops_[o.hop].src, hops_[o.hop].dst);
+    } else if (o.kind == OpKind::Copy) {
+      o.dur = std::max(copyUs, 1e-3);
+    }
+  }
+  for (Op& o : ops_) {
+    if (o.kind == OpKind::Recv) o.dur = ops_[hops_[o.hop].sendOp].dur;
+  }
+  // Reverse creation order is a reverse topological order (dependencies are always created first).
+  std::vector<double> child(ops_.size(), 0.0);
+  for (std::size_t i = ops_.size(); i-- > 0;) {
+    Op& o = ops_[i];
+    o.up = (o.kind == OpKind::Recv ? 0.0 : o.dur) + child[i];
+    if (o.kind == OpKind::Recv) {
+      const int s = hops_[o.hop].sendOp;
+      child[s] = std::max(child[s], o.up);
+    }
+    for (int d = 0; d < o.depCount; ++d) {
+      const int p = deps_[o.depBegin + d];
+      child[p] = std::max(child[p], o.up);
+    }
+  }
+}
+
+// List scheduling over thread blocks: an abstract run of the schedule in which every block, whenever it is free,
+// takes the step that can start first among those whose inputs are complete (ties: the longest chain of work
+// behind it first, then creation order). A step waits for its dependencies; a receive also waits for its data and
+// takes its connection's messages in the order they were sent. The order in which each block took its steps is
+// the order we emit, so every block's order is one the machine can actually run: the schedule cannot deadlock,
+// and both ends of every connection agree on its message order by construction.
+bool Scheduler::order() {
+  const double sync = kStepSyncUs[static_cast<int>(proto_)];
+  const std::size_t nOps = ops_.size();
+  // The step an op lives in (a fused send lives in its receive's step).
+  auto stepOf = [&](int op) { return ops_[op].absorbed ? ops_[op].fusedInto : op; };
+  std::vector<int> need(nOps, 0);
+  std::vector<int> depStart(nOps + 1, 0);
+  std::vector<int> children;
+  {
+    std::vector<int> count(nOps, 0);
+    std::vector<int> tmp;
+    for (std::size_t i = 0; i < nOps; ++i) {
+      const Op& o = ops_[i];
+      if (o.absorbed) continue;
+      tmp.clear();
+      for (int d = 0; d < o.depCount; ++d) tmp.push_back(stepOf(deps_[o.depBegin + d]));
+      std::sort(tmp.begin(), tmp.end());
+      tmp.erase(std::unique(tmp.begin(), tmp.end()), tmp.end());
+      std::erase(tmp, static_cast<int>(i));
+      need[i] = static_cast<int>(tmp.size()) + (o.kind == OpKind::Recv ? 1 : 0);
+      for (int d : tmp) ++count[d];
+    }
+    for (std::size_t i = 0; i < nOps; ++i) depStart[i + 1] = depStart[i] + count[i];
+    children.resize(depStart[nOps]);
+    std::vector<int> fill(depStart.begin(), depStart.end() - 1);
+    for (std::size_t i = 0; i < nOps; ++i) {
+      const Op& o = ops_[i];
+      if (o.absorbed) continue;
+      tmp.clear();
+      for (int d = 0; d < o.depCount; ++d) tmp.push_back(stepOf(deps_[o.depBegin + d]));
+      std::sort(tmp.begin(), tmp.end());
+      tmp.erase(std::unique(tmp.begin(), tmp.end()), tmp.end());
+      std::erase(tmp, static_cast<int>(i));
+      for (int d : tmp) children[fill[d]++] = static_cast<int>(i);
+    }
+  }
+  // Blocks, numbered globally; each keeps the messages it sent that are not yet received.
+  std::vector<int> tbBase(n() + 1, 0);
+  for (int r = 0; r < n(); ++r) tbBase[r + 1] = tbBase[r] + static_cast<int>(blocks_[r].size());
+  std::vector<double> tbFree(tbBase[n()], 0.0);
+  std::vector<std::deque<int>> inFlight(tbBase[n()]);
+  std::vector<double> ready(nOps, 0.0);
+  std::vector<double> arrival(hops_.size(), 0.0);
+  struct Entry {
+    double t;
+    double negUp;
+    int op;
+    bool operator>(const Entry& e) const {
+      if (t != e.t) return t > e.t;
+      if (negUp != e.negUp) return negUp > e.negUp;
+      return op > e.op;
+    }
+  };
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<>> heap;
+  auto release = [&](int op, double at) {
+    ready[op] = std::max(ready[op], at);
+    if (--need[op] == 0) heap.push({ready[op], -ops_[op].up, op});
+  };
+  auto gtb = [&](const Op& o) { return tbBase[o.rank] + o.tb; };
+  auto issue = [&](int sendOp, double at) {
+    const Op& s = ops_[sendOp];
+    const int hop = s.hop;
+    arrival[hop] = at;
+    auto& q = inFlight[gtb(s)];
+    q.push_back(hop);
+    if (q.size() == 1) release(hops_[hop].recvOp, arrival[hop]);
+  };
+  for (std::size_t i = 0; i < nOps; ++i) {
+    if (!ops_[i].absorbed && need[i] == 0) heap.push({0.0, -ops_[i].up, static_cast<int>(i)});
+  }
+  std::size_t scheduled = 0;
+  std::size_t steps = 0;
+  for (const Op& o : ops_) steps += o.absorbed ? 0 : 1;
+  while (!heap.empty()) {
+    const Entry e = heap.top();
+    heap.pop();
+    Op& o = ops_[e.op];
+    const int tb = gtb(o);
+    const double start = std::max(ready[e.op], tbFree[tb]);
+    if (start > e.t) {  // the block got busy since: try again when it is free
+      heap.push({start, e.negUp, e.op});
+      continue;
+    }
+    double done = start;
+    switch (o.kind) {
+      case OpKind::Copy:
+        done = start + o.dur;
+        break;
+      case OpKind::Send:
+        done = start + sync + o.dur;
+        issue(e.op, done);
+        break;
+      case OpKind::Recv: {
+        const Hop& h = hops_[o.hop];
+        const int senderTb = tbBase[h.src] + ops_[h.sendOp].tb;
+        done = std::max(start + sync, arrival[o.hop]);
+        if (o.fusedSend != kNone) {
+          const Op& f = ops_[o.fusedSend];
+          // Cut-through: the forward streams while the input arrives.
+          const double fwd = std::max(start + sync + f.dur, arrival[o.hop] + 0.1 * f.dur);
+          done = std::max(done, fwd);
+          issue(o.fusedSend, fwd);
+        }
+        auto& q = inFlight[senderTb];
+        if (q.empty() || q.front() != o.hop) {
+          error_ = "internal error: a receive was ordered out of its connection's order";
+          return false;
+        }
+        q.pop_front();
+        if (!q.empty()) release(hops_[q.front()].recvOp, arrival[q.front()]);
+        break;
+      }
+    }
+    tbFree[tb] = done;
+    blocks_[o.rank][o.tb].ops.push_back(e.op);
+    ++scheduled;
+    for (int c = depStart[e.op]; c < depStart[e.op + 1]; ++c) release(children[c], done);
+  }
+  if (scheduled != steps) {
+    error_ = fmt::format(
+        "could not order {} of {} steps: the program's dependencies and the connections' message order form a cycle",
+        steps - scheduled, steps);
+    return false;
+  }
+  return true;
+}
+
+int Scheduler::blockFor(int rank, int channel, int sendPeer, int recvPeer, bool create) {
+  auto& bl = blocks_[rank];
+  int bySend = kNone;
+  int byRecv = kNone;
+  for (int b = static_cast<int>(bl.size()) - 1; b >= 0; --b) {
+    if (bl[b].channel != channel) continue;
+    if (sendPeer >= 0 && bl[b].sendPeer == sendPeer) bySend = b;
+    if (recvPeer >= 0 && bl[b].recvPeer == recvPeer) byRecv = b;
+  }
+  if (sendPeer >= 0 && recvPeer >= 0) {  // a fused step needs both ends in one block
+    if (bySend >= 0 && byRecv >= 0) return bySend == byRecv ? bySend : kNone;
+    const int b = bySend >= 0 ? bySend : byRecv;
+    if (b >= 0) {
+      Block& blk = bl[b];
+      if (bySend >= 0 && blk.recvPeer == kNone) {
+        blk.recvPeer = recvPeer;
+        return b;
+      }
+      if (byRecv >= 0 && blk.sendPeer == kNone) {
+        blk.sendPeer = sendPeer;
+        return b;
+      }
+      return kNone;
+    }
+    if (!create) return kNone;
+    bl.push_back({sendPeer, recvPeer, channel, {}});
+    return static_cast<int>(bl.size()) - 1;
+  }
+  if (sendPeer >= 0 && bySend >= 0) return bySend;
+  if (recvPeer >= 0 && byRecv >= 0) return byRecv;
+  if (paired_) {  // share a block with the opposite direction of the same peer
+    const int peer = sendPeer >= 0 ? sendPeer : recvPeer;
+    for (int b = static_cast<int>(bl.size()) - 1; b >= 0; --b) {
+      Block& blk = bl[b];
+      if (blk.channel != channel) continue;
+      if (sendPeer >= 0 && blk.recvPeer == peer && blk.sendPeer == kNone) {
+        blk.sendPeer = peer;
+        return b;
+      }
+      if (recvPeer >= 0 && blk.sendPeer == peer && blk.recvPeer == kNone) {
+        blk.recvPeer = peer;
+        return b;
+      }
+    }
+  }
+  bl.push_back({sendPeer, recvPeer, channel, {}});
+  return static_cast<int>(bl.size()) - 1;
+}
+
+bool Scheduler::assign() {
+  blocks_.assign(n(), {});
+  // Fusion and placement in creation order (a topological order), so the keys of fused steps are final before
+  // anything that depends on them is looked at.
+  for (std::size_t i = 0; i < ops_.size(); ++i) {
+    Op& o = ops_[i];
+    if (o.kind == OpKind::Copy || o.absorbed) continue;
+    const Hop& h = hops_[o.hop];
+    if (o.kind == OpKind::Send) {
+      // A send fed by exactly one receive of the value it forwards becomes a receive-and-forward step.
+      if (o.depCount == 1) {
+        const int g = deps_[o.depBegin];
+        Op& r = ops_[g];
+        if (r.kind == OpKind::Recv && r.fusedSend == kNone && r.dst == o.src && r.tb != kNone &&
+            hops_[r.hop].channel == h.channel) {
+          const Block& cur = blocks_[o.rank][r.tb];
+          if (cur.sendPeer == h.dst || cur.sendPeer == kNone) {
+            // The receive's block must also be the (only) block sending to h.dst on this channel.
+            const int b = blockFor(o.rank, h.channel, h.dst, hops_[r.hop].src, false);
+            if (b == r.tb) {
+              r.fusedSend = static_cast<int>(i);
+              o.absorbed = true;
+              o.fusedInto = g;
+              o.tb = r.tb;
+              ++fused_;
+              continue;
+            }
+          }
+        }
+      }
+      o.tb = blockFor(o.rank, h.channel, h.dst, kNone, true);
+    } else {
+      // A receive whose value is forwarded joins the block sending there, so the two can fuse.
+      if (o.forwardTo != kNone) o.tb = blockFor(o.rank, h.channel, o.forwardTo, h.src, true);
+      if (o.tb == kNone) o.tb = blockFor(o.rank, h.channel, kNone, h.src, true);
+    }
+  }
+  // Local copies go to the block of their latest dependency (or the rank's first block).
+  for (std::size_t i = 0; i < ops_.size(); ++i) {
+    Op& o = ops_[i];
+    if (o.kind != OpKind::Copy) continue;
+    int best = kNone;
+    for (int d = 0; d < o.depCount; ++d) best = ops_[deps_[o.depBegin + d]].tb;  // the latest created
+    if (best == kNone) {
+      if (blocks_[o.rank].empty()) blocks_[o.rank].push_back({kNone, kNone, 0, {}});
+      best = 0;
+    }
+    o.tb = best;
+  }
+  if (!order()) return false;
+  maxSteps_ = maxPerChannel_ = maxPerRank_ = maxPeers_ = 0;
+  std::vector<int> perChannel(ch_);
+  std::vector<int> sendPeers(ch_);
+  std::vector<int> recvPeers(ch_);
+  for (auto& bl : blocks_) {
+    std::fill(perChannel.begin(), perChannel.end(), 0);
+    std::fill(sendPeers.begin(), sendPeers.end(), 0);
+    std::fill(recvPeers.begin(), recvPeers.end(), 0);
+    for (auto& b : bl) {
+      maxSteps_ = std::max(maxSteps_, static_cast<int>(b.ops.size()));
+      ++perChannel[b.channel];
+      if (b.sendPeer >= 0) ++sendPeers[b.channel];
+      if (b.recvPeer >= 0) ++recvPeers[b.channel];
+    }
+    maxPerRank_ = std::max(maxPerRank_, static_cast<int>(bl.size()));
+    for (int c = 0; c < ch_; ++c) {
+      maxPerChannel_ = std::max(maxPerChannel_, perChannel[c]);
+      maxPeers_ = std::max({maxPeers_, sendPeers[c], recvPeers[c]});
+    }
+  }
+  return true;
+}
+
+Schedule Scheduler::emit() const {
+  Schedule s;
+  s.name = in_.name;
+  s.collective = in_.collective;
+  s.root = in_.root;
+  s.protocol = proto_;
+  s.nRanks = n();
+  s.nChannels = ch_;
+  s.chunksPerLoop = chunksPerLoop();
+  s.inPlace = true;
+  s.outOfPlace = true;
+  s.ranks.resize(n());
+  // Position of every op: (block, step index).
+  std::vector<std::pair<int, int>> at(ops_.size(), {kNone, kNone});
+  for (int r = 0; r < n(); ++r) {
+    for (std::size_t b = 0; b < blocks_[r].size(); ++b) {
+      const auto& ops = blocks_[r][b].ops;
+      for (std::size_t k = 0; k < ops.size(); ++k) {
+        at[ops[k]] = {static_cast<int>(b), static_cast<int>(k)};
+        if (ops_[ops[k]].fusedSend != kNone) at[ops_[ops[k]].fusedSend] = at[ops[k]];
+      }
+    }
+  }
+  std::vector<int> latest;
+  for (int r = 0; r < n(); ++r) {
+    core::RankProgram& rp = s.ranks[r];
+    rp.rank = r;
+    const core::BufferSizes sizes = [&] {
+      core::BufferSizes b;
+      b.input = in_.collective == Collective::AllGather ? share() : chunksPerLoop();
+      b.output = in_.collective == Collective::ReduceScatter ? share() : chunksPerLoop();
+      return b;
+    }();
+    rp.inputChunks = sizes.input;
+    rp.outputChunks = sizes.output;
+    rp.scratchChunks = scratchCount_[r];
+    latest.assign(blocks_[r].size(), kNone);
+    for (std::size_t b = 0; b < blocks_[r].size(); ++b) {
+      const Block& blk = blocks_[r][b];
+      core::ThreadBlock tb;
+      tb.id = static_cast<int>(b);
+      tb.sendPeer = blk.sendPeer;
+      tb.recvPeer = blk.recvPeer;
+      tb.channel = blk.channel;
+      tb.steps.reserve(blk.ops.size());
+      for (std::size_t k = 0; k < blk.ops.size(); ++k) {
+        const Op& o = ops_[blk.ops[k]];
+        core::Step st;
+        st.count = 1;
+        st.srcBuf = o.src.buf;
+        st.srcOff = o.src.index;
+        st.dstBuf = o.dst.buf;
+        st.dstOff = o.dst.index;
+        switch (o.kind) {
+          case OpKind::Send:
+            st.op = StepOp::Send;
+            break;
+          case OpKind::Copy:
+            st.op = StepOp::Copy;
+            break;
+          case OpKind::Recv:
+            if (o.fusedSend != kNone) {
+              st.op = o.reduce ? StepOp::RecvReduceCopySend : StepOp::RecvCopySend;
+            } else {
+              st.op = o.reduce ? StepOp::RecvReduceCopy : StepOp::Recv;
+            }
+            break;
+        }
+        // Dependencies on other blocks: only the latest step of each block is needed.
+        std::fill(latest.begin(), latest.end(), kNone);
+        auto collect = [&](const Op& x) {
+          for (int d = 0; d < x.depCount; ++d) {
+            const int dep = deps_[x.depBegin + d];
+            const auto [db, ds] = at[dep];
+            if (db == static_cast<int>(b) || db == kNone) continue;
+            latest[db] = std::max(latest[db], ds);
+          }
+        };
+        collect(o);
+        if (o.fusedSend != kNone) collect(ops_[o.fusedSend]);
+        for (std::size_t db = 0; db < latest.size(); ++db) {
+          if (latest[db] != kNone) st.deps.push_back({static_cast<int>(db), latest[db]});
+        }
+        tb.steps.push_back(std::move(st));
+      }
+      rp.threadBlocks.push_back(std::move(tb));
+    }
+  }
+  core::recomputeHasDep(s);
+  return s;
+}
+
+int ceilDiv(std::uint64_t a, std::uint64_t b) { return static_cast<int>((a + b - 1) / b); }
+
+}  // namespace
+
+Protocol chooseProtocol(const IntentProgram& intent, std::uint64_t sizeBytes) {
+  if (sizeBytes == 0 || intent.nChunks() <= 0) return Protocol::Simple;
+  int bufferChunks = intent.nChunks();
+  if (intent.collective == Collective::AllToAll && intent.nRanks > 0) bufferChunks /= intent.nRanks;
+  const double chunk = static_cast<double>(sizeBytes) / std::max(bufferChunks, 1);
+  if (chunk <= 16.0 * 1024) return Protocol::LL;
+  if (chunk <= 512.0 * 1024) return Protocol::LL128;
+  return Protocol::Simple;
+}
+
+core::Result<CompileResult> compile(const IntentProgram& intent, const Topology& topology,
+                                    const CompileOptions& options) {
+  const auto fail = [](std::string m) { return core::Diagnostic{"<compiler>", 0, 0, std::move(m)}; };
+  if (std::string e = core::validateIntent(intent); !e.empty()) return fail("malformed intent program: " + e);
+  if (topology.nRanks() != intent.nRanks) {
+    return fail(
+        fmt::format("the program was expanded for {} ranks but the topology has {}", intent.nRanks, topology.nRanks()));
+  }
+  if (options.channels < 0 || options.slices < 0) return fail("channels and slices must not be negative");
+  const ExecutorLimits& lim = options.limits;
+  const Protocol proto = options.protocol.value_or(chooseProtocol(intent, options.sizeBytes));
+  int channels = options.channels;
+  if (channels == 0) {
+    // Simple pays a synchronisation per step; parallel blocks per connection hide it once chunks are large.
+    channels = 1;
+    if (proto == Protocol::Simple && options.sizeBytes > 0) {
+      int bufferChunks = intent.nChunks();
+      if (intent.collective == Collective::AllToAll) bufferChunks /= std::max(intent.nRanks, 1);
+      const double chunk = static_cast<double>(options.sizeBytes) / std::max(bufferChunks, 1);
+      channels = chunk >= 8.0 * 1048576 ? 4 : chunk >= 2.0 * 1048576 ? 2 : 1;
+    }
+  }
+  channels = std::min(channels, lim.maxChannels);
+  int slices = options.slices == 0 ? channels : options.slices;
+  if (slices < channels) return fail(fmt::format("slices ({}) must be at least channels ({})", slices, channels));
+  try {
+    for (int attempt = 0; attempt < 8; ++attempt) {
+      const std::uint64_t chunks = static_cast<std::uint64_t>(intent.nChunks()) * slices;
+      if (chunks > static_cast<std::uint64_t>(lim.maxCount) * 1000000 || chunks > (1u << 30)) {
+        return fail(fmt::format("{} chunks after slicing is more than the IR can address", chunks));
+      }
+      for (bool paired : {false, true}) {
+        Scheduler sch(intent, topology, options, channels, slices, proto, paired);
+        if (!sch.build()) return fail(sch.error());
+        if (!sch.assign()) return fail(sch.error());
+        if (sch.maxBlocksPerChannel() > lim.maxBlocksPerChannel || sch.maxBlocksPerRank() > lim.maxBlocksPerRank) {
+          if (!paired) continue;
+          return fail(fmt::format(
+              "a rank needs {} thread blocks on one channel ({} in all); the executor allows {} per channel and {} "
+              "per rank: use fewer peers per rank (e.g. a hierarchical program) or fewer channels",
+              sch.maxBlocksPerChannel(), sch.maxBlocksPerRank(), lim.maxBlocksPerChannel, lim.maxBlocksPerRank));
+        }
+        if (sch.maxPeersPerChannel() > lim.maxBlocksPerChannel) {
+          return fail(fmt::format("a rank talks to {} peers on one channel; the executor allows {}",
+                                  sch.maxPeersPerChannel(), lim.maxBlocksPerChannel));
+        }
+        if (sch.maxBlockSteps() > lim.maxStepsPerBlock) {
+          // More channels spread every connection's steps over more blocks.
+          const int need = std::min(lim.maxChannels, channels * ceilDiv(sch.maxBlockSteps(), lim.maxStepsPerBlock));
+          if (need <= channels) {
+            return fail(fmt::format(
+                "a thread block needs {} steps with {} channels; the executor allows {} steps per block and {} "
+                "channels: use fewer parts or a program with fewer hops per rank",
+                sch.maxBlockSteps(), channels, lim.maxStepsPerBlock, lim.maxChannels));
+          }
+          channels = need;
+          slices = std::max(slices, channels);
+          slices = (slices + channels - 1) / channels * channels;
+          break;  // rebuild with more channels
+        }
+        CompileResult res;
+        res.schedule = sch.emit();
+        res.protocol = proto;
+        res.channels = channels;
+        res.slices = slices;
+        res.hops = sch.hops();
+        res.fused = sch.fused();
+        res.summary = fmt::format(
+            "{}, {} channel{}, {} slice{} per chunk, {} transfers ({} receive-and-forward), at most {} thread "
+            "blocks and {} steps per block",
+            core::toString(proto), channels, channels == 1 ? "" : "s", slices, slices == 1 ? "" : "s", res.hops,
+            res.fused, sch.maxBlocksPerRank(), sch.maxBlockSteps());
+        if (options.verify) {
+          res.report = verify(res.schedule);
+          if (!res.report.proven) {
+            std::string m = "internal error: the compiled schedule is not proven by the verifier:";
+            for (std::size_t k = 0; k < res.report.errors.size() && k < 3; ++k)
+              m += "\n  " + res.report.errors[k].str();
+            return fail(m);
+          }
+        }
+        return res;
+      }
+    }
+  } catch (const std::bad_alloc&) {
+    return fail("out of memory while compiling");
+  }
+  return fail("could not meet the executor's limits");
+}
+
+}  // namespace optiflow::compiler

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "optiflow/core/schedule.h"
@@ -62,6 +64,7 @@ struct Group {
 enum class Strategy : std::uint8_t { Ring, Direct, Tree, Chain, RecursiveDoubling, RecursiveHalving, Bruck, Pat };
 // Spellings: ring direct tree chain recursive_doubling recursive_halving bruck pat.
 std::string_view toString(Strategy s);
+std::optional<Strategy> parseStrategy(std::string_view s);  // exact spelling only
 
 // `part e` selects one part, `parts a..b` a range; absent = every part.
 struct PartSelector {
@@ -110,5 +113,9 @@ struct Program {
   std::vector<Stmt> body;
   friend bool operator==(const Program&, const Program&) = default;
 };
+
+// Resets every SourceLoc in the tree, so that programs can be compared by content (round trips, caches).
+void clearSourceLocs(Program& p);
+void clearSourceLocs(Expr& e);
 
 }  // namespace optiflow::dsl

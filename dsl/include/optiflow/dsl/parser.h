@@ -15,12 +15,12 @@ namespace optiflow::dsl {
 
 // Inputs beyond these are refused with a diagnostic (no unbounded recursion or allocation on hostile input).
 inline constexpr std::size_t kMaxProgramBytes = 1 << 20;
-inline constexpr int kMaxNesting = 64;      // nested for/if blocks, parentheses and calls together
+inline constexpr int kMaxNesting = 64;  // nested for/if blocks, parentheses and calls together
 inline constexpr std::size_t kMaxErrors = 20;
 
 struct ParseResult {
-  std::optional<Program> program;          // set when errors is empty
-  std::vector<core::Diagnostic> errors;    // in source order, at most kMaxErrors (+1 saying more were cut)
+  std::optional<Program> program;        // set when errors is empty
+  std::vector<core::Diagnostic> errors;  // in source order, at most kMaxErrors (+1 saying more were cut)
   bool ok() const { return program.has_value(); }
 };
 

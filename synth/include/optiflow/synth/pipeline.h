@@ -1,0 +1,56 @@
+// From program text to a verified schedule and its simulated time: the pipeline every user of the language runs
+// (the `compile` and `compare` commands, the synthesizer, the tests). Errors come back formatted for a person or a
+// language model: file:line:column, the message, the source line and a caret.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "optiflow/compiler/scheduler.h"
+#include "optiflow/core/error.h"
+#include "optiflow/core/intent.h"
+#include "optiflow/core/topology.h"
+#include "optiflow/dsl/ast.h"
+#include "optiflow/dsl/expand.h"
+#include "optiflow/sim/simulator.h"
+
+namespace optiflow::synth {
+
+enum class Stage : std::uint8_t { Parse, Expand, Compile };
+std::string_view toString(Stage s);
+
+struct Frontend {
+  std::optional<dsl::Program> program;
+  std::optional<core::IntentProgram> intent;
+  Stage failedAt = Stage::Parse;
+  std::vector<core::Diagnostic> errors;  // empty when intent is set
+  std::string message;                   // every error formatted with its source line and caret
+  bool ok() const { return intent.has_value(); }
+};
+
+// Parse and expand `text` (named `fileName` in diagnostics) for `topology`.
+Frontend parseAndExpand(std::string_view text, std::string_view fileName, const core::Topology& topology,
+                        const dsl::ExpandOptions& options = {});
+
+// The compile options tried for one size when searching for the best schedule: every protocol that makes sense at
+// that size and a few channel counts (docs/compiler.md, "Choosing per size").
+std::vector<compiler::CompileOptions> candidateOptions(const core::IntentProgram& intent, std::uint64_t sizeBytes);
+
+struct Evaluation {
+  bool ok = false;
+  std::string error;
+  double timeUs = 0;
+  compiler::CompileOptions options;  // the winning options
+  std::optional<compiler::CompileResult> compiled;
+  sim::SimResult sim;
+};
+
+// Compiles `intent` with every candidate option for `sizeBytes`, simulates each, and keeps the fastest; the winner
+// is verified (the others are not: they are discarded). `params` are the simulator's.
+Evaluation evaluateBest(const core::IntentProgram& intent, const core::Topology& topology, std::uint64_t sizeBytes,
+                        const sim::SimParams& params = {});
+
+}  // namespace optiflow::synth

@@ -1,0 +1,125 @@
+#include "optiflow/synth/pipeline.h"
+
+#include <new>
+
+#include <fmt/format.h>
+
+#include "optiflow/dsl/parser.h"
+
+namespace optiflow::synth {
+
+std::string_view toString(Stage s) {
+  switch (s) {
+    case Stage::Parse:
+      return "parse";
+    case Stage::Expand:
+      return "expand";
+    case Stage::Compile:
+      return "compile";
+  }
+  return "?";
+}
+
+Frontend parseAndExpand(std::string_view text, std::string_view fileName, const core::Topology& topology,
+                        const dsl::ExpandOptions& options) {
+  Frontend f;
+  auto formatAll = [&](const std::vector<core::Diagnostic>& errors) {
+    std::string m;
+    for (const auto& d : errors) {
+      if (!m.empty()) m += '\n';
+      m += dsl::formatDiagnostic(d, text);
+    }
+    return m;
+  };
+  dsl::ParseResult parsed = dsl::parseProgram(text, fileName);
+  if (!parsed.ok()) {
+    f.failedAt = Stage::Parse;
+    f.errors = std::move(parsed.errors);
+    f.message = formatAll(f.errors);
+    return f;
+  }
+  f.program = std::move(parsed.program);
+  dsl::ExpandResult expanded = dsl::expand(*f.program, topology, fileName, options);
+  if (!expanded.ok()) {
+    f.failedAt = Stage::Expand;
+    f.errors = std::move(expanded.errors);
+    f.message = formatAll(f.errors);
+    return f;
+  }
+  f.intent = std::move(expanded.intent);
+  return f;
+}
+
+std::vector<compiler::CompileOptions> candidateOptions(const core::IntentProgram& intent, std::uint64_t sizeBytes) {
+  int bufferChunks = intent.nChunks();
+  if (intent.collective == core::Collective::AllToAll) bufferChunks /= std::max(intent.nRanks, 1);
+  const double chunk = static_cast<double>(sizeBytes) / std::max(bufferChunks, 1);
+  std::vector<core::Protocol> protocols;
+  // LL only pays off while a chunk is small, Simple only once it is not (docs/compiler.md).
+  if (chunk <= 256.0 * 1024) protocols.push_back(core::Protocol::LL);
+  protocols.push_back(core::Protocol::LL128);
+  if (chunk >= 64.0 * 1024) protocols.push_back(core::Protocol::Simple);
+  std::vector<compiler::CompileOptions> out;
+  for (core::Protocol p : protocols) {
+    for (int ch : {1, 2, 4}) {
+      if (ch == 4 && (p != core::Protocol::Simple || chunk < 4.0 * 1048576)) continue;
+      compiler::CompileOptions o;
+      o.sizeBytes = sizeBytes;
+      o.protocol = p;
+      o.channels = ch;
+      o.slices = ch;
+      o.verify = false;
+      out.push_back(o);
+    }
+  }
+  return out;
+}
+
+Evaluation evaluateBest(const core::IntentProgram& intent, const core::Topology& topology, std::uint64_t sizeBytes,
+                        const sim::SimParams& params) {
+  Evaluation best;
+  std::string firstError;
+  try {
+    auto net = sim::Network::build(topology);
+    if (!net) {
+      best.error = net.error().str();
+      return best;
+    }
+    for (const compiler::CompileOptions& o : candidateOptions(intent, sizeBytes)) {
+      auto compiled = compiler::compile(intent, topology, o);
+      if (!compiled) {
+        if (firstError.empty()) firstError = compiled.error().message;
+        continue;
+      }
+      sim::SimResult r = sim::simulate(compiled->schedule, *net, sizeBytes, params);
+      if (!r.ok) {
+        if (firstError.empty()) firstError = "simulator: " + r.error;
+        continue;
+      }
+      if (!best.ok || r.timeUs < best.timeUs) {
+        best.ok = true;
+        best.timeUs = r.timeUs;
+        best.options = o;
+        best.compiled = std::move(compiled).value();
+        best.sim = std::move(r);
+      }
+    }
+    if (!best.ok) {
+      best.error = firstError.empty() ? "no candidate compiled" : firstError;
+      return best;
+    }
+    // Only the winner is worth proving; an unproven winner is a compiler bug and is reported as such.
+    best.compiled->report = compiler::verify(best.compiled->schedule);
+    if (!best.compiled->report.proven) {
+      best.ok = false;
+      best.error = "internal error: the best schedule is not proven: " +
+                   (best.compiled->report.errors.empty() ? std::string("?") : best.compiled->report.errors[0].str());
+    }
+  } catch (const std::bad_alloc&) {
+    best.ok = false;
+    best.error = "out of memory";
+  }
+  return best;
+}
+
+}  // namespace optiflow::synth
