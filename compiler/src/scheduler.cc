@@ -576,26 +576,65 @@ bool Scheduler::order() {
   // Blocks, numbered globally; each keeps the messages it sent that are not yet received.
   std::vector<int> tbBase(n() + 1, 0);
   for (int r = 0; r < n(); ++r) tbBase[r + 1] = tbBase[r] + static_cast<int>(blocks_[r].size());
-  std::vector<double> tbFree(tbBase[n()], 0.0);
-  std::vector<std::deque<int>> inFlight(tbBase[n()]);
-  std::vector<double> ready(nOps, 0.0);
-  std::vector<double> arrival(hops_.size(), 0.0);
-  struct Entry {
+  const int nTb = tbBase[n()];
+  // Per block: when it is free, the steps whose inputs are complete (by priority), and those that become ready
+  // later (by time). A global queue holds, per block, when it can next start something; stale entries are
+  // recognised by a version number. Releases never go back in time, so this is a plain discrete-event run.
+  struct Avail {
+    double negUp;
+    int op;
+    bool operator>(const Avail& e) const { return negUp != e.negUp ? negUp > e.negUp : op > e.op; }
+  };
+  struct Future {
     double t;
     double negUp;
     int op;
-    bool operator>(const Entry& e) const {
+    bool operator>(const Future& e) const {
       if (t != e.t) return t > e.t;
-      if (negUp != e.negUp) return negUp > e.negUp;
-      return op > e.op;
+      return negUp != e.negUp ? negUp > e.negUp : op > e.op;
     }
   };
-  std::priority_queue<Entry, std::vector<Entry>, std::greater<>> heap;
+  struct TbState {
+    double free = 0;
+    double pendingAt = std::numeric_limits<double>::infinity();  // time of its valid queued event, if any
+    int version = 0;
+    std::priority_queue<Avail, std::vector<Avail>, std::greater<>> avail;
+    std::priority_queue<Future, std::vector<Future>, std::greater<>> future;
+  };
+  struct Event {
+    double t;
+    int tb;
+    int version;
+    bool operator>(const Event& e) const { return t != e.t ? t > e.t : tb > e.tb; }
+  };
+  std::vector<TbState> tbs(nTb);
+  std::vector<std::deque<int>> inFlight(nTb);
+  std::vector<double> ready(nOps, 0.0);
+  std::vector<double> arrival(hops_.size(), 0.0);
+  std::priority_queue<Event, std::vector<Event>, std::greater<>> events;
+  auto gtb = [&](const Op& o) { return tbBase[o.rank] + o.tb; };
+  auto wake = [&](int tb) {
+    TbState& st = tbs[tb];
+    double t;
+    if (!st.avail.empty()) {
+      t = st.free;
+    } else if (!st.future.empty()) {
+      t = std::max(st.free, st.future.top().t);
+    } else {
+      return;
+    }
+    if (t >= st.pendingAt) return;  // already queued no later than that
+    st.pendingAt = t;
+    events.push({t, tb, ++st.version});
+  };
   auto release = [&](int op, double at) {
     ready[op] = std::max(ready[op], at);
-    if (--need[op] == 0) heap.push({ready[op], -ops_[op].up, op});
+    if (--need[op] == 0) {
+      const int tb = gtb(ops_[op]);
+      tbs[tb].future.push({ready[op], -ops_[op].up, op});
+      wake(tb);
+    }
   };
-  auto gtb = [&](const Op& o) { return tbBase[o.rank] + o.tb; };
   auto issue = [&](int sendOp, double at) {
     const Op& s = ops_[sendOp];
     const int hop = s.hop;
@@ -605,21 +644,31 @@ bool Scheduler::order() {
     if (q.size() == 1) release(hops_[hop].recvOp, arrival[hop]);
   };
   for (std::size_t i = 0; i < nOps; ++i) {
-    if (!ops_[i].absorbed && need[i] == 0) heap.push({0.0, -ops_[i].up, static_cast<int>(i)});
+    if (!ops_[i].absorbed && need[i] == 0) tbs[gtb(ops_[i])].future.push({0.0, -ops_[i].up, static_cast<int>(i)});
   }
+  for (int tb = 0; tb < nTb; ++tb) wake(tb);
   std::size_t scheduled = 0;
   std::size_t steps = 0;
   for (const Op& o : ops_) steps += o.absorbed ? 0 : 1;
-  while (!heap.empty()) {
-    const Entry e = heap.top();
-    heap.pop();
-    Op& o = ops_[e.op];
-    const int tb = gtb(o);
-    const double start = std::max(ready[e.op], tbFree[tb]);
-    if (start > e.t) {  // the block got busy since: try again when it is free
-      heap.push({start, e.negUp, e.op});
+  while (!events.empty()) {
+    const Event ev = events.top();
+    events.pop();
+    TbState& st = tbs[ev.tb];
+    if (ev.version != st.version) continue;
+    st.pendingAt = std::numeric_limits<double>::infinity();
+    const double now = ev.t;
+    while (!st.future.empty() && st.future.top().t <= now) {
+      st.avail.push({st.future.top().negUp, st.future.top().op});
+      st.future.pop();
+    }
+    if (st.avail.empty()) {
+      wake(ev.tb);
       continue;
     }
+    const int opId = st.avail.top().op;
+    st.avail.pop();
+    Op& o = ops_[opId];
+    const double start = now;
     double done = start;
     switch (o.kind) {
       case OpKind::Copy:
@@ -627,7 +676,7 @@ bool Scheduler::order() {
         break;
       case OpKind::Send:
         done = start + sync + o.dur;
-        issue(e.op, done);
+        issue(opId, done);
         break;
       case OpKind::Recv: {
         const Hop& h = hops_[o.hop];
@@ -650,10 +699,11 @@ bool Scheduler::order() {
         break;
       }
     }
-    tbFree[tb] = done;
-    blocks_[o.rank][o.tb].ops.push_back(e.op);
+    st.free = done;
+    blocks_[o.rank][o.tb].ops.push_back(opId);
     ++scheduled;
-    for (int c = depStart[e.op]; c < depStart[e.op + 1]; ++c) release(children[c], done);
+    for (int c = depStart[opId]; c < depStart[opId + 1]; ++c) release(children[c], done);
+    wake(ev.tb);
   }
   if (scheduled != steps) {
     error_ = fmt::format(
