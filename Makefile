@@ -54,6 +54,7 @@ demo: build
 # Google Benchmark micro-benchmarks (simulator scaling); medians of 3 repetitions.
 bench: build
 	@$(BUILD_DIR)/bench/sim_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+	@$(BUILD_DIR)/bench/compile_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 
 # The sanitizer build CI runs as well.
 asan:
