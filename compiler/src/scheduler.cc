@@ -79,9 +79,9 @@ struct Block {
 
 // Per rank: where every value lives and who touched every slot last, for the dependency derivation.
 struct RankState {
-  std::vector<Slot> loc;    // per schedule chunk: where the rank's current value is (index kNone: nothing)
-  std::vector<int> writer;  // per canonical slot: the last op that wrote it
-  std::vector<std::vector<int>> readers;            // per canonical slot: ops that read it since
+  std::vector<Slot> loc;        // per schedule chunk: where the rank's current value is (index kNone: nothing)
+  std::vector<int> writer;      // per canonical slot: the last op that wrote it
+  std::vector<int> lastReader;  // per canonical slot: head of the list (in readerPool_) of ops that read it since
   std::unordered_map<std::int64_t, int> scratchOf;  // (chunk, relay?) -> scratch index
   int scratch = 0;
 };
@@ -161,6 +161,11 @@ class Scheduler {
   std::vector<int> deps_;
   std::vector<Hop> hops_;
   std::vector<RankState> st_;
+  struct ReaderLink {
+    int op;
+    int next;
+  };
+  std::vector<ReaderLink> readerPool_;  // singly linked reader lists of all slots (one allocation, not one per slot)
   std::vector<std::vector<Block>> blocks_;  // per rank
   std::vector<int> scratchCount_;
   std::size_t fused_ = 0;
@@ -240,7 +245,7 @@ bool Scheduler::readInRound(int rank, Slot s, int firstOp) {
   RankState& st = st_[rank];
   const int c = canonical(rank, s);
   growSlots(st, c);
-  return !st.readers[c].empty() && st.readers[c].back() >= firstOp;
+  return st.lastReader[c] != kNone && readerPool_[st.lastReader[c]].op >= firstOp;
 }
 
 // The other of two scratch homes of a chunk on a rank (never the one `busy` names).
@@ -280,7 +285,7 @@ void Scheduler::growSlots(RankState& st, int index) {
   if (index >= static_cast<int>(st.writer.size())) {
     const std::size_t size = std::max<std::size_t>(index + 1, st.writer.size() * 2);
     st.writer.resize(size, kNone);
-    st.readers.resize(size);
+    st.lastReader.resize(size, kNone);
   }
 }
 
@@ -313,7 +318,8 @@ void Scheduler::noteRead(int rank, Slot s, int op) {
   RankState& st = st_[rank];
   const int c = canonical(rank, s);
   growSlots(st, c);
-  st.readers[c].push_back(op);
+  readerPool_.push_back({op, st.lastReader[c]});
+  st.lastReader[c] = static_cast<int>(readerPool_.size()) - 1;
 }
 
 void Scheduler::writeDeps(int rank, Slot s, std::vector<int>& deps) {
@@ -321,7 +327,7 @@ void Scheduler::writeDeps(int rank, Slot s, std::vector<int>& deps) {
   const int c = canonical(rank, s);
   growSlots(st, c);
   addDep(deps, st.writer[c]);
-  for (int r : st.readers[c]) addDep(deps, r);
+  for (int r = st.lastReader[c]; r != kNone; r = readerPool_[r].next) addDep(deps, readerPool_[r].op);
 }
 
 void Scheduler::noteWrite(int rank, Slot s, int op) {
@@ -329,7 +335,7 @@ void Scheduler::noteWrite(int rank, Slot s, int op) {
   const int c = canonical(rank, s);
   growSlots(st, c);
   st.writer[c] = op;
-  st.readers[c].clear();
+  st.lastReader[c] = kNone;
 }
 
 bool Scheduler::build() {
@@ -474,6 +480,7 @@ bool Scheduler::build() {
   scratchCount_.resize(n());
   for (int r = 0; r < n(); ++r) scratchCount_[r] = st_[r].scratch;
   std::vector<RankState>().swap(st_);
+  std::vector<ReaderLink>().swap(readerPool_);
   estimate();
   return true;
 }
@@ -546,31 +553,31 @@ bool Scheduler::order() {
   std::vector<int> depStart(nOps + 1, 0);
   std::vector<int> children;
   {
+    // The dependencies of every step (fused sends folded into their receive), deduplicated, then inverted.
+    std::vector<int> flat;
+    std::vector<int> flatStart(nOps + 1, 0);
+    flat.reserve(deps_.size());
     std::vector<int> count(nOps, 0);
-    std::vector<int> tmp;
     for (std::size_t i = 0; i < nOps; ++i) {
       const Op& o = ops_[i];
-      if (o.absorbed) continue;
-      tmp.clear();
-      for (int d = 0; d < o.depCount; ++d) tmp.push_back(stepOf(deps_[o.depBegin + d]));
-      std::sort(tmp.begin(), tmp.end());
-      tmp.erase(std::unique(tmp.begin(), tmp.end()), tmp.end());
-      std::erase(tmp, static_cast<int>(i));
-      need[i] = static_cast<int>(tmp.size()) + (o.kind == OpKind::Recv ? 1 : 0);
-      for (int d : tmp) ++count[d];
+      const std::size_t begin = flat.size();
+      if (!o.absorbed) {
+        for (int d = 0; d < o.depCount; ++d) {
+          const int s = stepOf(deps_[o.depBegin + d]);
+          if (s != static_cast<int>(i)) flat.push_back(s);
+        }
+        std::sort(flat.begin() + static_cast<std::ptrdiff_t>(begin), flat.end());
+        flat.erase(std::unique(flat.begin() + static_cast<std::ptrdiff_t>(begin), flat.end()), flat.end());
+        need[i] = static_cast<int>(flat.size() - begin) + (o.kind == OpKind::Recv ? 1 : 0);
+        for (std::size_t k = begin; k < flat.size(); ++k) ++count[flat[k]];
+      }
+      flatStart[i + 1] = static_cast<int>(flat.size());
     }
     for (std::size_t i = 0; i < nOps; ++i) depStart[i + 1] = depStart[i] + count[i];
     children.resize(depStart[nOps]);
     std::vector<int> fill(depStart.begin(), depStart.end() - 1);
     for (std::size_t i = 0; i < nOps; ++i) {
-      const Op& o = ops_[i];
-      if (o.absorbed) continue;
-      tmp.clear();
-      for (int d = 0; d < o.depCount; ++d) tmp.push_back(stepOf(deps_[o.depBegin + d]));
-      std::sort(tmp.begin(), tmp.end());
-      tmp.erase(std::unique(tmp.begin(), tmp.end()), tmp.end());
-      std::erase(tmp, static_cast<int>(i));
-      for (int d : tmp) children[fill[d]++] = static_cast<int>(i);
+      for (int k = flatStart[i]; k < flatStart[i + 1]; ++k) children[fill[flat[k]]++] = static_cast<int>(i);
     }
   }
   // Blocks, numbered globally; each keeps the messages it sent that are not yet received.
