@@ -132,9 +132,10 @@ int runCompare(const CompareArgs& a) {
   const sim::BoundModel bounds(*topo);
   nlohmann::json rows = nlohmann::json::array();
   if (!a.json) {
-    fmt::print("{} on {} ({} GPUs): the best of {} program{} per size against NCCL's choice, both timed by the "
-               "simulator\n",
-               a.collective, topo->name, topo->nRanks(), cands.size(), cands.size() == 1 ? "" : "s");
+    fmt::print(
+        "{} on {} ({} GPUs): the best of {} program{} per size against NCCL's choice, both timed by the "
+        "simulator\n",
+        a.collective, topo->name, topo->nRanks(), cands.size(), cands.size() == 1 ? "" : "s");
     fmt::print("{:>8} {:>20} {:>10} {:>28} {:>18} {:>10} {:>10} {:>9} {:>9}\n", "size", "nccl", "nccl_us", "best",
                "config", "best_us", "bound_us", "speedup", "x_bound");
   }
@@ -142,8 +143,8 @@ int runCompare(const CompareArgs& a) {
   for (std::uint64_t size : *sizes) {
     const sim::NcclPrediction pred = sim::ncclPredict(*topo, *coll, size);
     double ncclUs = 0;
-    std::string ncclName = fmt::format("{}/{}/{}ch", sim::toString(pred.algorithm), sim::toString(pred.protocol),
-                                       pred.channels);
+    std::string ncclName =
+        fmt::format("{}/{}/{}ch", sim::toString(pred.algorithm), sim::toString(pred.protocol), pred.channels);
     auto ns = sim::ncclScheduleFor(*topo, *coll, pred);
     if (ns) {
       const sim::SimResult r = sim::simulate(*ns, *topo, size, sim::ncclSimParams(pred, params.launchUs));
@@ -170,22 +171,22 @@ int runCompare(const CompareArgs& a) {
     }
     const std::string config =
         fmt::format("{}/{}ch", core::toString(bestEval.compiled->protocol), bestEval.compiled->channels);
-    const double speedup = ncclUs > 0 ? ncclUs / bestEval.timeUs : 0;
+    const double speedup = ncclUs > 0 ? ncclUs / bestEval.timeUs : 0;  // 0: NCCL's algorithm has no schedule here
     if (a.json) {
       rows.push_back({{"size_bytes", size},
                       {"nccl", ncclName},
-                      {"nccl_time_us", ncclUs},
+                      {"nccl_time_us", ncclUs > 0 ? nlohmann::json(ncclUs) : nlohmann::json(nullptr)},
                       {"best_program", best->name},
                       {"best_file", best->file},
                       {"config", config},
                       {"best_time_us", bestEval.timeUs},
                       {"bound_us", bound},
-                      {"speedup_vs_nccl", speedup},
+                      {"speedup_vs_nccl", speedup > 0 ? nlohmann::json(speedup) : nlohmann::json(nullptr)},
                       {"ratio_to_bound", bestEval.timeUs / bound}});
     } else {
-      fmt::print("{:>8} {:>20} {:>10.2f} {:>28} {:>18} {:>10.2f} {:>10.2f} {:>8.2f}x {:>8.3f}x\n",
-                 core::formatSize(size), ncclName, ncclUs, best->name, config, bestEval.timeUs, bound, speedup,
-                 bestEval.timeUs / bound);
+      fmt::print("{:>8} {:>20} {:>10} {:>28} {:>18} {:>10.2f} {:>10.2f} {:>9} {:>8.3f}x\n", core::formatSize(size),
+                 ncclName, ncclUs > 0 ? fmt::format("{:.2f}", ncclUs) : "n/a", best->name, config, bestEval.timeUs,
+                 bound, speedup > 0 ? fmt::format("{:.2f}x", speedup) : "n/a", bestEval.timeUs / bound);
     }
     if (bestEval.timeUs < bound * (1 - 1e-9)) {
       fmt::print(stderr, "optiflow: BUG: {} at {} is predicted below the lower bound\n", best->name,

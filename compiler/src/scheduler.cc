@@ -81,6 +81,7 @@ struct Block {
 struct RankState {
   std::vector<Slot> loc;        // per schedule chunk: where the rank's current value is (index kNone: nothing)
   std::vector<int> writer;      // per canonical slot: the last op that wrote it
+  std::vector<int> occupant;    // per canonical slot: the chunk whose current value lives there
   std::vector<int> lastReader;  // per canonical slot: head of the list (in readerPool_) of ops that read it since
   std::unordered_map<std::int64_t, int> scratchOf;  // (chunk, relay?) -> scratch index
   int scratch = 0;
@@ -124,6 +125,18 @@ class Scheduler {
   Slot relaySlot(int rank, int sc);
   Slot alternateSlot(int rank, int sc, Slot busy);
   bool readInRound(int rank, Slot s, int firstOp);
+  int occupantOf(int rank, Slot s) {
+    RankState& st = st_[rank];
+    const int c = canonical(rank, s);
+    growSlots(st, c);
+    return st.occupant[c];
+  }
+  void setOccupant(int rank, Slot s, int chunk) {
+    RankState& st = st_[rank];
+    const int c = canonical(rank, s);
+    growSlots(st, c);
+    st.occupant[c] = chunk;
+  }
   int canonical(int rank, Slot s) const;
   void growSlots(RankState& st, int index);
 
@@ -285,6 +298,7 @@ void Scheduler::growSlots(RankState& st, int index) {
   if (index >= static_cast<int>(st.writer.size())) {
     const std::size_t size = std::max<std::size_t>(index + 1, st.writer.size() * 2);
     st.writer.resize(size, kNone);
+    st.occupant.resize(size, kNone);
     st.lastReader.resize(size, kNone);
   }
 }
@@ -343,7 +357,10 @@ bool Scheduler::build() {
   st_.assign(n(), RankState{});
   for (int r = 0; r < n(); ++r) {
     st_[r].loc.resize(c);
-    for (int sc = 0; sc < c; ++sc) st_[r].loc[sc] = initialSlot(r, sc);
+    for (int sc = 0; sc < c; ++sc) {
+      st_[r].loc[sc] = initialSlot(r, sc);
+      if (st_[r].loc[sc].valid()) setOccupant(r, st_[r].loc[sc], sc);
+    }
   }
   const std::size_t expectHops = in_.transfers.size() * static_cast<std::size_t>(s_);
   hops_.reserve(expectHops);
@@ -423,6 +440,12 @@ bool Scheduler::build() {
       // Never overwrite a value a send of this same round still reads (an exchange): land beside it instead, so
       // no receive waits on a send of its own round (the final copy puts values where the output wants them).
       if (!relayHop && readInRound(h.dst, to, roundFirstOp)) to = alternateSlot(h.dst, sc, to);
+      // Nor a slot where another chunk's value still lives (in place, an All-to-All's output slot holds what the
+      // rank has yet to send): land in scratch; the final copy moves it once the slot is free.
+      if (!relayHop) {
+        const int occ = occupantOf(h.dst, to);
+        if (occ != kNone && occ != sc) to = alternateSlot(h.dst, sc, to);
+      }
       o.dst = to;
       ops_[h.sendOp].dst = to;
       writeDeps(h.dst, to, deps);
@@ -448,7 +471,10 @@ bool Scheduler::build() {
         hops_.push_back(h2);
         pending.push_back({hop2, pd.reduce, pd.finalDst});
       } else {
+        const Slot old = st_[h.dst].loc[sc];
+        if (old.valid() && occupantOf(h.dst, old) == sc) setOccupant(h.dst, old, kNone);
         st_[h.dst].loc[sc] = to;
+        setOccupant(h.dst, to, sc);
       }
     }
     i = end;

@@ -244,4 +244,104 @@ TEST_F(Cli, SimulateTimesAScheduleAboveItsBound) {
   EXPECT_NE(wrong.err.find("32 ranks"), std::string::npos) << wrong.err;
 }
 
+// ---- the language: compile, its errors, and compare over the gallery (examples/programs) ----
+
+fs::path galleryFile(const std::string& name) { return fs::path(OPTIFLOW_SOURCE_DIR) / "examples" / "programs" / name; }
+
+TEST_F(Cli, CompilesAGalleryProgramIntoAScheduleVerifyProves) {
+  const fs::path program = galleryFile("allgather_hier_rail.ofl");
+  ASSERT_TRUE(fs::exists(program)) << program;
+  const fs::path out = dir_ / "ag.json";
+  const CliResult r =
+      run(fmt::format("compile {} --topo dgx-a100x4 --size 1MiB -o {}", program.string(), out.string()));
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  const auto j = nlohmann::json::parse(slurp(out));
+  EXPECT_EQ(j.at("collective"), "allgather");
+  EXPECT_EQ(j.at("n_ranks").get<int>(), 32);
+  const CliResult v = run(fmt::format("verify {}", out.string()));
+  EXPECT_EQ(v.rc, 0) << v.out << v.err;
+  EXPECT_NE(v.out.find("PROVEN"), std::string::npos) << v.out;
+  // Without -o the schedule goes to standard output.
+  const CliResult stdoutRun = run(fmt::format("compile {} --topo dgx-a100 --size 1MiB", program.string()));
+  ASSERT_EQ(stdoutRun.rc, 0) << stdoutRun.err;
+  EXPECT_EQ(nlohmann::json::parse(stdoutRun.out).at("n_ranks").get<int>(), 8);
+}
+
+TEST_F(Cli, CompileReportsASyntaxErrorWithLineColumnAndCaret) {
+  const fs::path p = write("typo.ofl",
+                           "allgather typo\n"
+                           "  for g in gpus:\n"
+                           "    allgather rail(g) by rign\n"
+                           "  for n in nodes: allgather node(n) by direct\n");
+  const CliResult r = run(fmt::format("compile {} --topo dgx-a100x2", p.string()));
+  EXPECT_EQ(r.rc, 2) << r.out << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  EXPECT_NE(r.err.find("typo.ofl:3:26:"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("found 'rign'"), std::string::npos) << r.err;
+  // The offending line, then a caret line whose caret sits under the 'r' of 'rign'.
+  std::istringstream lines(r.err);
+  std::string line;
+  std::string echoed;
+  std::string caret;
+  while (std::getline(lines, line)) {
+    if (line.find("allgather rail(g) by rign") != std::string::npos) {
+      echoed = line;
+      std::getline(lines, caret);
+      break;
+    }
+  }
+  ASSERT_FALSE(echoed.empty()) << r.err;
+  EXPECT_EQ(caret.find_first_not_of(' '), echoed.find("rign")) << r.err;
+  EXPECT_EQ(caret.substr(caret.find_first_not_of(' ')), "^") << r.err;
+}
+
+TEST_F(Cli, CompileReportsASemanticErrorWithItsLine) {
+  const fs::path p = write("six.ofl",
+                           "allgather six\n"
+                           "  for n in nodes:\n"
+                           "    allgather {rank(n, g) for g in 6} by recursive_doubling\n");
+  const CliResult r = run(fmt::format("compile {} --topo dgx-a100", p.string()));
+  EXPECT_EQ(r.rc, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("six.ofl:3:5: allgather by recursive_doubling needs a group of a power-of-two size; "
+                       "{rank(n, g) for g in 6} has 6 members (use bruck or pat)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("    allgather {rank(n, g) for g in 6} by recursive_doubling\n"), std::string::npos) << r.err;
+}
+
+TEST_F(Cli, CompilesToMscclXmlThatVerifyAccepts) {
+  const fs::path out = dir_ / "ar.xml";
+  const CliResult r = run(fmt::format("compile {} --topo dgx-a100x2 --size 256MiB --format msccl-xml -o {}",
+                                      galleryFile("allreduce_hier.ofl").string(), out.string()));
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  const std::string xml = slurp(out);
+  EXPECT_EQ(xml.rfind("<algo", 0), 0u) << xml.substr(0, 200);
+  const CliResult v = run(fmt::format("verify {}", out.string()));
+  EXPECT_EQ(v.rc, 0) << v.out << v.err;
+  EXPECT_NE(v.out.find("PROVEN"), std::string::npos) << v.out;
+  const CliResult c = run(fmt::format("check {}", out.string()));
+  EXPECT_EQ(c.rc, 0) << c.out << c.err;
+}
+
+TEST_F(Cli, CompareRanksTheAllGatherGalleryAgainstNcclAndTheBound) {
+  const std::string programs = (fs::path(OPTIFLOW_SOURCE_DIR) / "examples" / "programs" / "allgather_*.ofl").string();
+  const CliResult r =
+      run(fmt::format("compare {} --topo dgx-a100 --coll allgather --sizes 1KiB,1MiB --json", programs));
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  const auto& rows = j.at("rows");
+  ASSERT_EQ(rows.size(), 2u);
+  const std::uint64_t sizes[] = {1024, 1 << 20};
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto& row = rows[i];
+    for (const char* key : {"size_bytes", "nccl_time_us", "best_program", "best_time_us", "bound_us"}) {
+      EXPECT_TRUE(row.contains(key)) << key << " in " << row.dump();
+    }
+    EXPECT_EQ(row.at("size_bytes").get<std::uint64_t>(), sizes[i]);
+    EXPECT_FALSE(row.at("best_program").get<std::string>().empty());
+    EXPECT_GT(row.at("nccl_time_us").get<double>(), 0.0);
+    EXPECT_GE(row.at("best_time_us").get<double>(), row.at("bound_us").get<double>()) << row.dump();
+  }
+}
+
 }  // namespace
