@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <deque>
 #include <limits>
 #include <new>
 #include <queue>
@@ -641,7 +640,9 @@ bool Scheduler::order() {
     bool operator>(const Event& e) const { return t != e.t ? t > e.t : tb > e.tb; }
   };
   std::vector<TbState> tbs(nTb);
-  std::vector<std::deque<int>> inFlight(nTb);
+  // Per sending block: the messages sent and not yet received, in order (a queue as a vector and its head).
+  std::vector<std::vector<int>> inFlight(nTb);
+  std::vector<std::size_t> inFlightHead(nTb, 0);
   std::vector<double> ready(nOps, 0.0);
   std::vector<double> arrival(hops_.size(), 0.0);
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events;
@@ -672,9 +673,9 @@ bool Scheduler::order() {
     const Op& s = ops_[sendOp];
     const int hop = s.hop;
     arrival[hop] = at;
-    auto& q = inFlight[gtb(s)];
-    q.push_back(hop);
-    if (q.size() == 1) release(hops_[hop].recvOp, arrival[hop]);
+    const int tb = gtb(s);
+    inFlight[tb].push_back(hop);
+    if (inFlight[tb].size() - inFlightHead[tb] == 1) release(hops_[hop].recvOp, arrival[hop]);
   };
   for (std::size_t i = 0; i < nOps; ++i) {
     if (!ops_[i].absorbed && need[i] == 0) tbs[gtb(ops_[i])].future.push({0.0, -ops_[i].up, static_cast<int>(i)});
@@ -723,12 +724,13 @@ bool Scheduler::order() {
           issue(o.fusedSend, fwd);
         }
         auto& q = inFlight[senderTb];
-        if (q.empty() || q.front() != o.hop) {
+        std::size_t& head = inFlightHead[senderTb];
+        if (head >= q.size() || q[head] != o.hop) {
           error_ = "internal error: a receive was ordered out of its connection's order";
           return false;
         }
-        q.pop_front();
-        if (!q.empty()) release(hops_[q.front()].recvOp, arrival[q.front()]);
+        ++head;
+        if (head < q.size()) release(hops_[q[head]].recvOp, arrival[q[head]]);
         break;
       }
     }
@@ -893,6 +895,7 @@ Schedule Scheduler::emit() const {
     }
   }
   std::vector<int> latest;
+  std::vector<int> touched;
   for (int r = 0; r < n(); ++r) {
     core::RankProgram& rp = s.ranks[r];
     rp.rank = r;
@@ -938,19 +941,22 @@ Schedule Scheduler::emit() const {
             break;
         }
         // Dependencies on other blocks: only the latest step of each block is needed.
-        std::fill(latest.begin(), latest.end(), kNone);
+        touched.clear();
         auto collect = [&](const Op& x) {
           for (int d = 0; d < x.depCount; ++d) {
             const int dep = deps_[x.depBegin + d];
             const auto [db, ds] = at[dep];
             if (db == static_cast<int>(b) || db == kNone) continue;
+            if (latest[db] == kNone) touched.push_back(db);
             latest[db] = std::max(latest[db], ds);
           }
         };
         collect(o);
         if (o.fusedSend != kNone) collect(ops_[o.fusedSend]);
-        for (std::size_t db = 0; db < latest.size(); ++db) {
-          if (latest[db] != kNone) st.deps.push_back({static_cast<int>(db), latest[db]});
+        std::sort(touched.begin(), touched.end());
+        for (int db : touched) {
+          st.deps.push_back({db, latest[db]});
+          latest[db] = kNone;
         }
         tb.steps.push_back(std::move(st));
       }

@@ -889,6 +889,18 @@ std::string_view toString(BoundKind k) {
   return "?";
 }
 
+core::Topology effectiveTopology(const core::Topology& t, double nvlinkEfficiency, double pciEfficiency,
+                                 double netEfficiency) {
+  core::Topology e = t;
+  const double intra = t.intra.kind == core::IntraFabricKind::Pcie ? pciEfficiency : nvlinkEfficiency;
+  e.intra.gpuBandwidthGBps *= intra;
+  for (auto& l : e.intra.links) l.bandwidthGBps *= nvlinkEfficiency;
+  for (auto& sw : e.intra.switches) sw.uplinkGBps *= pciEfficiency;
+  e.intra.hostBandwidthGBps *= pciEfficiency;
+  for (auto& nic : e.nics) nic.bandwidthGBps *= netEfficiency;
+  return e;
+}
+
 std::string_view toString(SwitchReduction r) {
   switch (r) {
     case SwitchReduction::Auto:

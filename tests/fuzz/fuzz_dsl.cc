@@ -1,12 +1,17 @@
 // libFuzzer target: parseProgram must never crash or throw on any bytes, every diagnostic must point into the
 // text and format, and whatever it accepts must survive printProgram + parse unchanged (up to source locations),
-// with the canonical text a fixed point of the printer.
+// with the canonical text a fixed point of the printer. Accepted programs are then expanded on a two-node cluster
+// (small limits, so a runaway loop is refused quickly): the expander must never crash, and what it produces must
+// be a well-formed intent program.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 
+#include "optiflow/core/intent.h"
+#include "optiflow/core/topology.h"
 #include "optiflow/dsl/ast.h"
+#include "optiflow/dsl/expand.h"
 #include "optiflow/dsl/parser.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -26,5 +31,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   clearSourceLocs(*r.program);
   clearSourceLocs(*back.program);
   if (!(*back.program == *r.program)) __builtin_trap();
+
+  static const optiflow::core::Topology topo = optiflow::core::presetTopology("dgx-a100x2").value();
+  ExpandOptions eo;
+  eo.maxTransfers = 1 << 16;
+  eo.maxIterations = 1 << 16;
+  eo.root = 3;
+  const ExpandResult x = expand(*r.program, topo, "<fuzz>", eo);
+  if (x.ok() != x.errors.empty()) __builtin_trap();
+  for (const optiflow::core::Diagnostic& d : x.errors) {
+    if (d.message.empty()) __builtin_trap();
+  }
+  if (x.ok() && !optiflow::core::validateIntent(*x.intent).empty()) __builtin_trap();
   return 0;
 }

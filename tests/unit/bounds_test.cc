@@ -322,5 +322,19 @@ TEST(Bounds, LargeTopologiesAreCheap) {
   EXPECT_NEAR(huge.bound(Collective::AllGather, kGiB).algbwGBps, 200.0 * 32768 / (32768 - 8), 1e-9);
 }
 
+TEST(EffectiveTopology, ScalesEveryBandwidthByItsHopClass) {
+  const core::Topology t = core::presetTopology("dgx-a100x4").value();
+  const core::Topology e = effectiveTopology(t, 0.8, 1.0, 0.96);
+  EXPECT_DOUBLE_EQ(e.intra.gpuBandwidthGBps, t.intra.gpuBandwidthGBps * 0.8);
+  ASSERT_EQ(e.nics.size(), t.nics.size());
+  for (std::size_t i = 0; i < t.nics.size(); ++i)
+    EXPECT_DOUBLE_EQ(e.nics[i].bandwidthGBps, t.nics[i].bandwidthGBps * 0.96);
+  EXPECT_TRUE(e.validate().empty());
+  // All-Gather across nodes is bound by the NICs: the effective bound is the raw one over the NIC efficiency.
+  const double raw = BoundModel(t).bound(core::Collective::AllGather, 1u << 30).timeUs;
+  const double eff = BoundModel(e).bound(core::Collective::AllGather, 1u << 30).timeUs;
+  EXPECT_NEAR(eff, raw / 0.96, raw * 1e-9);
+}
+
 }  // namespace
 }  // namespace optiflow::sim

@@ -106,4 +106,10 @@ std::vector<Bound> lowerBounds(const core::Topology& t, core::Collective c, cons
 // bandwidth_us, binding and description.
 nlohmann::json boundToJson(const Bound& b);
 
+// The topology as the simulator can use it: every bandwidth multiplied by the payload fraction of its hop class
+// (NVLink/NVSwitch, PCIe and host links, NIC and fabric), e.g. SimParams::linkEfficiency. Its bound is what a
+// perfect schedule could reach in the simulator; the bound of the raw topology stays the one every report prints.
+core::Topology effectiveTopology(const core::Topology& t, double nvlinkEfficiency, double pciEfficiency,
+                                 double netEfficiency);
+
 }  // namespace optiflow::sim
