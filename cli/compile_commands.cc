@@ -115,10 +115,15 @@ int runCompare(const CompareArgs& a) {
     if (!text) return kExitBadInput;
     const synth::Frontend f = synth::parseAndExpand(*text, p, *topo, eo);
     if (!f.ok()) {
-      // A program for another collective is simply not a candidate; anything else is the user's to fix.
+      // A program for another collective is simply not a candidate. One that does not fit this cluster (e.g.
+      // recursive doubling on 24 GPUs) is skipped with its reason; one that does not parse is the user's to fix.
       if (f.program && f.program->collective != *coll) continue;
-      fmt::print(stderr, "{}\n", f.message);
-      return kExitBadInput;
+      if (f.failedAt == synth::Stage::Parse) {
+        fmt::print(stderr, "{}\n", f.message);
+        return kExitBadInput;
+      }
+      fmt::print(stderr, "optiflow: skipping {}: {}\n", p, f.errors.empty() ? "?" : f.errors.front().str());
+      continue;
     }
     if (f.intent->collective != *coll) continue;
     cands.push_back({p, f.intent->name, *f.intent});

@@ -297,7 +297,7 @@ int main(int argc, char** argv) {
   compile->add_option("--channels", comp.channels, "Channels (0: chosen from the size)")->check(CLI::Range(0, 32));
   compile->add_option("--slices", comp.slices, "Schedule chunks per program chunk (0: as many as channels)")
       ->check(CLI::Range(0, 64));
-  compile->add_option("--root", comp.root, "Root rank of broadcast and reduce")->check(CLI::NonNegativeNumber);
+  compile->add_option("--root", comp.root, "Root rank of broadcast and reduce")->check(CLI::Range(0, 1 << 20));
   compile->add_option("--limits", comp.limits, "Executor limits to respect")->check(CLI::IsMember({"msccl", "none"}));
   compile->callback([&] { rc = optiflow::cli::runCompile(comp); });
 
@@ -312,7 +312,7 @@ int main(int argc, char** argv) {
   compare->add_option("--sizes", cmp.sizes, "Sizes as nccl-tests counts them: 1KiB:1GiB[:factor] or a list");
   compare->add_option("--launch", cmp.launch, "Kernel launch the simulator charges")
       ->check(CLI::IsMember({"graph", "host"}));
-  compare->add_option("--root", cmp.root, "Root rank of broadcast and reduce")->check(CLI::NonNegativeNumber);
+  compare->add_option("--root", cmp.root, "Root rank of broadcast and reduce")->check(CLI::Range(0, 1 << 20));
   compare->add_flag("--json", cmp.json, "Print JSON rows");
   compare->add_flag("-v,--verbose", cmp.verbose, "Say why a program did not compile at a size");
   compare->callback([&] { rc = optiflow::cli::runCompare(cmp); });

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <new>
 #include <queue>
 #include <unordered_map>
@@ -10,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "optiflow/core/collective.h"
+#include "optiflow/core/schedule_json.h"
 
 namespace optiflow::compiler {
 
@@ -26,6 +28,10 @@ using core::TransferKind;
 namespace {
 
 constexpr int kNone = -1;
+
+// Memory guards (about 40 bytes per rank-chunk pair and 200 per transfer at the peak).
+constexpr std::uint64_t kMaxStateEntries = std::uint64_t{1} << 27;
+constexpr std::uint64_t kMaxHops = std::uint64_t{1} << 24;
 
 // What every communicating step costs beyond its data in the list scheduler's estimate, by protocol (Simple, LL,
 // LL128): the simulator's calibrated per-step synchronisation (docs/simulator.md, SimParams::stepSyncUs).
@@ -100,10 +106,12 @@ class Scheduler {
   bool order();
   Schedule emit() const;
 
+  // Without fusion every wait points to an earlier-created step, so ordering always succeeds: the fallback.
+  void disableFusion() { fuse_ = false; }
+  void keepCreationOrder() { creationOrder_ = true; }
   int maxBlockSteps() const { return maxSteps_; }
   int maxBlocksPerChannel() const { return maxPerChannel_; }
   int maxBlocksPerRank() const { return maxPerRank_; }
-  int maxPeersPerChannel() const { return maxPeers_; }
   std::size_t hops() const { return hops_.size(); }
   std::size_t fused() const { return fused_; }
   const std::string& error() const { return error_; }
@@ -167,6 +175,8 @@ class Scheduler {
   int s_;
   Protocol proto_;
   bool paired_;
+  bool fuse_ = true;
+  bool creationOrder_ = false;
   std::string error_;
 
   std::vector<Op> ops_;
@@ -184,7 +194,6 @@ class Scheduler {
   int maxSteps_ = 0;
   int maxPerChannel_ = 0;
   int maxPerRank_ = 0;
-  int maxPeers_ = 0;
 };
 
 Slot Scheduler::initialSlot(int rank, int sc) const {
@@ -669,9 +678,27 @@ bool Scheduler::order() {
       wake(tb);
     }
   };
+  // With creationOrder_, every connection carries its messages in creation order (a valid sequential order of the
+  // program). Without it a sender may overtake an earlier message, which is faster (it sends what is ready) but
+  // can leave a receiver whose own dependencies follow creation order (several reductions into one slot through a
+  // relay, for instance) waiting forever; compile() then retries with it.
+  std::vector<int> nextSend(nOps, kNone);
+  if (creationOrder_) {
+    std::vector<int> lastSend(nTb, kNone);
+    for (std::size_t i = 0; i < nOps; ++i) {
+      if (ops_[i].kind != OpKind::Send) continue;
+      const int tb = gtb(ops_[i]);
+      if (lastSend[tb] != kNone) {
+        nextSend[lastSend[tb]] = static_cast<int>(i);
+        ++need[stepOf(static_cast<int>(i))];
+      }
+      lastSend[tb] = static_cast<int>(i);
+    }
+  }
   auto issue = [&](int sendOp, double at) {
     const Op& s = ops_[sendOp];
     const int hop = s.hop;
+    if (nextSend[sendOp] != kNone) release(stepOf(nextSend[sendOp]), at);
     arrival[hop] = at;
     const int tb = gtb(s);
     inFlight[tb].push_back(hop);
@@ -808,7 +835,7 @@ bool Scheduler::assign() {
     const Hop& h = hops_[o.hop];
     if (o.kind == OpKind::Send) {
       // A send fed by exactly one receive of the value it forwards becomes a receive-and-forward step.
-      if (o.depCount == 1) {
+      if (fuse_ && o.depCount == 1) {
         const int g = deps_[o.depBegin];
         Op& r = ops_[g];
         if (r.kind == OpKind::Recv && r.fusedSend == kNone && r.dst == o.src && r.tb != kNone &&
@@ -848,25 +875,17 @@ bool Scheduler::assign() {
     o.tb = best;
   }
   if (!order()) return false;
-  maxSteps_ = maxPerChannel_ = maxPerRank_ = maxPeers_ = 0;
+  // One block per (peer, direction, channel) means blocks per channel also bound the peers per channel.
+  maxSteps_ = maxPerChannel_ = maxPerRank_ = 0;
   std::vector<int> perChannel(ch_);
-  std::vector<int> sendPeers(ch_);
-  std::vector<int> recvPeers(ch_);
   for (auto& bl : blocks_) {
     std::fill(perChannel.begin(), perChannel.end(), 0);
-    std::fill(sendPeers.begin(), sendPeers.end(), 0);
-    std::fill(recvPeers.begin(), recvPeers.end(), 0);
     for (auto& b : bl) {
       maxSteps_ = std::max(maxSteps_, static_cast<int>(b.ops.size()));
       ++perChannel[b.channel];
-      if (b.sendPeer >= 0) ++sendPeers[b.channel];
-      if (b.recvPeer >= 0) ++recvPeers[b.channel];
     }
     maxPerRank_ = std::max(maxPerRank_, static_cast<int>(bl.size()));
-    for (int c = 0; c < ch_; ++c) {
-      maxPerChannel_ = std::max(maxPerChannel_, perChannel[c]);
-      maxPeers_ = std::max({maxPeers_, sendPeers[c], recvPeers[c]});
-    }
+    for (int c = 0; c < ch_; ++c) maxPerChannel_ = std::max(maxPerChannel_, perChannel[c]);
   }
   return true;
 }
@@ -1004,18 +1023,36 @@ core::Result<CompileResult> compile(const IntentProgram& intent, const Topology&
     }
   }
   channels = std::min(channels, lim.maxChannels);
-  int slices = options.slices == 0 ? channels : options.slices;
-  if (slices < channels) return fail(fmt::format("slices ({}) must be at least channels ({})", slices, channels));
+  const int slices = options.slices == 0 ? channels : options.slices;
+  // The compiler keeps, per rank, where every chunk's value lives, and a few steps per transfer: refuse inputs whose
+  // state would not fit in memory before allocating it (an All-to-All over thousands of ranks has ranks^3 entries).
+  const std::uint64_t chunks = static_cast<std::uint64_t>(intent.nChunks()) * static_cast<std::uint64_t>(slices);
+  const std::uint64_t stateEntries = chunks * static_cast<std::uint64_t>(intent.nRanks);
+  const std::uint64_t hops = static_cast<std::uint64_t>(intent.transfers.size()) * static_cast<std::uint64_t>(slices);
+  if (chunks > static_cast<std::uint64_t>(core::kMaxScheduleChunks) || stateEntries > kMaxStateEntries ||
+      hops > kMaxHops) {
+    return fail(fmt::format(
+        "too large to compile: {} ranks x {} chunks after slicing ({} transfers); the compiler handles at most {} "
+        "rank-chunk pairs and {} transfers: use fewer parts or slices, or a program for fewer ranks",
+        intent.nRanks, chunks, hops, kMaxStateEntries, kMaxHops));
+  }
   try {
+    int lastSteps = -1;
     for (int attempt = 0; attempt < 8; ++attempt) {
-      const std::uint64_t chunks = static_cast<std::uint64_t>(intent.nChunks()) * slices;
-      if (chunks > static_cast<std::uint64_t>(lim.maxCount) * 1000000 || chunks > (1u << 30)) {
-        return fail(fmt::format("{} chunks after slicing is more than the IR can address", chunks));
-      }
       for (bool paired : {false, true}) {
-        Scheduler sch(intent, topology, options, channels, slices, proto, paired);
-        if (!sch.build()) return fail(sch.error());
-        if (!sch.assign()) return fail(sch.error());
+        // The fastest ordering first; if its abstract run gets stuck, connections keep creation order; if that
+        // is stuck too (a fused receive-and-forward tied to a later send), no fusion, where every wait points to
+        // an earlier-created step and the run always completes.
+        std::unique_ptr<Scheduler> built;
+        for (int variant = 0; variant < 3; ++variant) {
+          built = std::make_unique<Scheduler>(intent, topology, options, channels, slices, proto, paired);
+          if (variant >= 1) built->keepCreationOrder();
+          if (variant >= 2) built->disableFusion();
+          if (!built->build()) return fail(built->error());
+          if (built->assign()) break;
+          if (variant == 2) return fail(built->error());
+        }
+        Scheduler& sch = *built;
         if (sch.maxBlocksPerChannel() > lim.maxBlocksPerChannel || sch.maxBlocksPerRank() > lim.maxBlocksPerRank) {
           if (!paired) continue;
           return fail(fmt::format(
@@ -1023,22 +1060,18 @@ core::Result<CompileResult> compile(const IntentProgram& intent, const Topology&
               "per rank: use fewer peers per rank (e.g. a hierarchical program) or fewer channels",
               sch.maxBlocksPerChannel(), sch.maxBlocksPerRank(), lim.maxBlocksPerChannel, lim.maxBlocksPerRank));
         }
-        if (sch.maxPeersPerChannel() > lim.maxBlocksPerChannel) {
-          return fail(fmt::format("a rank talks to {} peers on one channel; the executor allows {}",
-                                  sch.maxPeersPerChannel(), lim.maxBlocksPerChannel));
-        }
         if (sch.maxBlockSteps() > lim.maxStepsPerBlock) {
-          // More channels spread every connection's steps over more blocks.
+          // More channels spread the chunks of every connection over more blocks (chunk c rides channel c mod
+          // channels); if that did not help last time, it will not now.
           const int need = std::min(lim.maxChannels, channels * ceilDiv(sch.maxBlockSteps(), lim.maxStepsPerBlock));
-          if (need <= channels) {
+          if (need <= channels || (lastSteps >= 0 && sch.maxBlockSteps() >= lastSteps)) {
             return fail(fmt::format(
                 "a thread block needs {} steps with {} channels; the executor allows {} steps per block and {} "
                 "channels: use fewer parts or a program with fewer hops per rank",
                 sch.maxBlockSteps(), channels, lim.maxStepsPerBlock, lim.maxChannels));
           }
+          lastSteps = sch.maxBlockSteps();
           channels = need;
-          slices = std::max(slices, channels);
-          slices = (slices + channels - 1) / channels * channels;
           break;  // rebuild with more channels
         }
         CompileResult res;

@@ -310,6 +310,12 @@ void Expander::runGroupOp(const Stmt& s) {
   if (!evalGroup(s.group, &g)) return;
   g.m = static_cast<int>(g.members.size());
   if (!evalParts(s.parts, &g.partLo, &g.partHi)) return;
+  // A group operation costs work per member and selected part even when it moves nothing; count that work against
+  // the same budget as loop iterations, so a loop of no-op operations cannot run for minutes.
+  if (!chargeIterations(std::int64_t{g.m} * std::max<std::int64_t>(g.partHi - g.partLo, 1), s.loc,
+                        fmt::format("{} {}", opName, g.group))) {
+    return;
+  }
   std::string anchorText;
   if (anchored) {
     const std::optional<int> r = evalRank(s.anchor, op == Collective::Broadcast ? "broadcast from" : "reduce to");

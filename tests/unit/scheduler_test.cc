@@ -170,6 +170,35 @@ TEST(Compiler, RelaysBroadcastAndAllToAll) {
   expectGood(a, t);
 }
 
+TEST(Compiler, ReductionThroughARelay) {
+  // Rank 1 relays rank 2's contribution and sends its own: both travel 1 -> 0 and are reduced into one slot, in
+  // creation order. The fastest order (rank 1's own first) gets stuck; the compiler must fall back, not fail.
+  const auto t = topo("dgx-a100");
+  IntentProgram p = skeleton(Collective::Reduce, 8);
+  add(p, 0, 2, 0, 0, TransferKind::Reduce, 1);
+  for (int r = 1; r < 8; ++r) {
+    if (r != 2) add(p, 0, r, 0, 1, TransferKind::Reduce);
+  }
+  expectGood(p, t);
+}
+
+TEST(Compiler, MoreChannelsWhenABlockWouldExceedTheStepLimit) {
+  // 64 ranks: a one-channel ring block forwards 63 chunks plus its own send, over MSCCL's 64 steps per block.
+  const auto t = topo("dgx-a100x8");
+  auto res = compile(ringAllGather(64), t);
+  ASSERT_TRUE(res.ok()) << res.error().str();
+  EXPECT_GE(res->channels, 2);
+  EXPECT_TRUE(checkMscclLimits(res->schedule).empty());
+}
+
+TEST(Compiler, RefusesWhatWouldNotFitInMemoryAtOnce) {
+  // All-to-All on 4096 ranks has 16 M blocks: the per-rank state would be 64 G entries.
+  const auto t = topo("dgx-a100x512");
+  auto res = compile(skeleton(Collective::AllToAll, 4096), t);
+  ASSERT_FALSE(res.ok());
+  EXPECT_NE(res.error().message.find("too large to compile"), std::string::npos) << res.error().message;
+}
+
 TEST(Compiler, RejectsMalformedIntent) {
   const auto t = topo("dgx-a100");
   IntentProgram p = ringAllGather(8);

@@ -36,7 +36,7 @@ Frontend parseAndExpand(std::string_view text, std::string_view fileName, const 
                         const dsl::ExpandOptions& options = {});
 
 // The compile options tried for one size when searching for the best schedule: every protocol that makes sense at
-// that size and a few channel counts (docs/compiler.md, "Choosing per size").
+// that size and a few channel counts (docs/compiler.md, "Protocol, channels and slices per size").
 std::vector<compiler::CompileOptions> candidateOptions(const core::IntentProgram& intent, std::uint64_t sizeBytes);
 
 struct Evaluation {
