@@ -188,27 +188,7 @@ std::string quoteGroup(const Group& g) {
   return "?";
 }
 
-std::string_view strategyName(Strategy s) {
-  switch (s) {
-    case Strategy::Ring:
-      return "ring";
-    case Strategy::Direct:
-      return "direct";
-    case Strategy::Tree:
-      return "tree";
-    case Strategy::Chain:
-      return "chain";
-    case Strategy::RecursiveDoubling:
-      return "recursive_doubling";
-    case Strategy::RecursiveHalving:
-      return "recursive_halving";
-    case Strategy::Bruck:
-      return "bruck";
-    case Strategy::Pat:
-      return "pat";
-  }
-  return "?";
-}
+std::string_view strategyName(Strategy s) { return toString(s); }
 
 std::string_view collectiveName(core::Collective c) {
   switch (c) {
