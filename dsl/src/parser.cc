@@ -224,6 +224,8 @@ class Parser {
   Expr parseAdditive();
   Expr parseTerm();
   Expr parseUnary();
+  // A prefix operator (`not`, unary `-`) at the current token, applied to what `operand` parses.
+  Expr parsePrefix(const char* text, Expr (Parser::*operand)());
   Expr parsePrimary();
   Expr binary(const Token& op, Expr lhs, Expr rhs);
 
@@ -655,18 +657,19 @@ Expr Parser::parseAnd() {
   return lhs;
 }
 
-Expr Parser::parseNot() {
-  if (!atName("not")) return parseComparison();
+Expr Parser::parsePrefix(const char* text, Expr (Parser::*operand)()) {
   const Token op = tok();
   Nest nest(*this, op);
   advance();
   Expr e;
   e.kind = ExprKind::Unary;
   e.loc = locOf(op);
-  e.text = "not";
-  e.args.push_back(parseNot());
+  e.text = text;
+  e.args.push_back((this->*operand)());
   return e;
 }
+
+Expr Parser::parseNot() { return atName("not") ? parsePrefix("not", &Parser::parseNot) : parseComparison(); }
 
 bool isComparison(const Token& t) {
   if (t.kind != TokKind::Op) return false;
@@ -703,18 +706,7 @@ Expr Parser::parseTerm() {
   return lhs;
 }
 
-Expr Parser::parseUnary() {
-  if (!atOp("-")) return parsePrimary();
-  const Token op = tok();
-  Nest nest(*this, op);
-  advance();
-  Expr e;
-  e.kind = ExprKind::Unary;
-  e.loc = locOf(op);
-  e.text = "-";
-  e.args.push_back(parseUnary());
-  return e;
-}
+Expr Parser::parseUnary() { return atOp("-") ? parsePrefix("-", &Parser::parseUnary) : parsePrimary(); }
 
 Expr Parser::parsePrimary() {
   const Token t = tok();
