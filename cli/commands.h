@@ -2,6 +2,7 @@
 // the same fields: size_bytes, time_us, algbw_gbps, busbw_gbps) and always shows the lower bound beside a time.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -45,8 +46,37 @@ struct CompareArgs {
   bool verbose = false;
 };
 
+struct SynthArgs {
+  std::string topology;
+  std::string collective = "allgather";
+  std::string sizes = "1KiB:1GiB:4";
+  std::string proposer = "builtin";  // builtin | llm
+  std::string llmUrl;
+  std::string llmModel;
+  std::string llmApiKeyFile;
+  double llmTimeoutS = 120;
+  int rounds = 8;
+  int candidates = 8;  // per round
+  double timeBudgetS = 0;
+  std::uint64_t seed = 1;
+  std::string out;  // empty: optiflow-runs/<topology>-<collective>
+  bool resume = false;
+  bool force = false;
+  std::string launch = "graph";
+  int root = 0;
+  bool json = false;
+  bool quiet = false;
+};
+
+struct ReportArgs {
+  std::string dir;
+  std::string output;  // empty: DIR/report.html
+};
+
 int runCompile(const CompileArgs& args);
 int runCompare(const CompareArgs& args);
+int runSynthesize(const SynthArgs& args);
+int runReport(const ReportArgs& args);
 int runSimulate(const std::string& scheduleFile, const PerfArgs& args);
 int runBound(const PerfArgs& args);
 int runBaseline(const PerfArgs& args);

@@ -317,6 +317,48 @@ int main(int argc, char** argv) {
   compare->add_flag("-v,--verbose", cmp.verbose, "Say why a program did not compile at a size");
   compare->callback([&] { rc = optiflow::cli::runCompare(cmp); });
 
+  optiflow::cli::SynthArgs syn;
+  auto* synthesize = app.add_subcommand(
+      "synthesize", "Discover schedules round by round (proposer -> compiler -> verifier -> simulator), best per size");
+  synthesize->add_option("--topo", syn.topology, "Preset (e.g. dgx-a100x4) or TOML topology file")->required();
+  synthesize->add_option("--coll", syn.collective, "Collective")
+      ->check(CLI::IsMember({"allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall"}));
+  synthesize->add_option("--sizes", syn.sizes, "Sizes as nccl-tests counts them: 1KiB:1GiB[:factor] or a list")
+      ->capture_default_str();
+  synthesize->add_option("--proposer", syn.proposer, "Who writes the programs")
+      ->check(CLI::IsMember({"builtin", "llm"}))
+      ->capture_default_str();
+  synthesize->add_option("--llm-url", syn.llmUrl, "OpenAI-compatible base URL, e.g. http://localhost:8000/v1");
+  synthesize->add_option("--llm-model", syn.llmModel, "Model name the server knows");
+  synthesize->add_option("--llm-api-key-file", syn.llmApiKeyFile,
+                         "File whose first line is the API key (default: $OPTIFLOW_LLM_API_KEY)");
+  synthesize->add_option("--llm-timeout", syn.llmTimeoutS, "Seconds per request")->check(CLI::Range(1.0, 3600.0));
+  synthesize->add_option("--rounds", syn.rounds, "At most this many rounds")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  synthesize->add_option("--candidates", syn.candidates, "Candidates asked for per round")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  synthesize->add_option("--time-budget", syn.timeBudgetS, "Stop starting candidates after this many seconds (0: none)")
+      ->check(CLI::Range(0.0, 1e7));
+  synthesize->add_option("--seed", syn.seed, "Seed of the built-in proposer")->capture_default_str();
+  synthesize->add_option("--out", syn.out, "Run directory (default: optiflow-runs/TOPO-COLL)");
+  synthesize->add_flag("--resume", syn.resume, "Continue the run in --out from its history.jsonl");
+  synthesize->add_flag("--force", syn.force, "Replace an earlier run in --out");
+  synthesize->add_option("--launch", syn.launch, "Kernel launch the simulator charges")
+      ->check(CLI::IsMember({"graph", "host"}));
+  synthesize->add_option("--root", syn.root, "Root rank of broadcast and reduce")->check(CLI::Range(0, 1 << 20));
+  synthesize->add_flag("--json", syn.json, "Print the result as JSON (per size: size_bytes, best_time_us, ...)");
+  synthesize->add_flag("-q,--quiet", syn.quiet, "No progress lines");
+  synthesize->callback([&] { rc = optiflow::cli::runSynthesize(syn); });
+
+  optiflow::cli::ReportArgs rep;
+  auto* report =
+      app.add_subcommand("report", "Write an HTML report (busbw against size, the table) of a run directory");
+  report->add_option("dir", rep.dir, "Run directory of optiflow synthesize")->required();
+  report->add_option("-o,--output", rep.output, "Output file (default: DIR/report.html)");
+  report->callback([&] { rc = optiflow::cli::runReport(rep); });
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -5,9 +5,12 @@ find_package(spdlog CONFIG REQUIRED)
 find_package(nlohmann_json 3.10 CONFIG REQUIRED)
 find_package(CLI11 CONFIG REQUIRED)
 find_package(pugixml CONFIG REQUIRED)
+find_package(CURL REQUIRED)
 pkg_check_modules(tomlplusplus REQUIRED IMPORTED_TARGET tomlplusplus)
 
 if(OPTIFLOW_BUILD_TESTS)
+  # cpp-httplib: the OpenAI-compatible test server the LLM client tests talk to.
+  pkg_check_modules(cpphttplib REQUIRED IMPORTED_TARGET cpp-httplib)
   find_package(GTest CONFIG)
   if(NOT GTest_FOUND)
     include(FetchContent)

@@ -75,6 +75,24 @@ std::vector<compiler::CompileOptions> candidateOptions(const core::IntentProgram
   return out;
 }
 
+void prove(Evaluation& e) {
+  if (!e.ok || e.proven || !e.compiled) return;
+  try {
+    e.compiled->report = compiler::verify(e.compiled->schedule);
+  } catch (const std::bad_alloc&) {
+    e.ok = false;
+    e.error = "out of memory while verifying";
+    return;
+  }
+  if (!e.compiled->report.proven) {
+    e.ok = false;
+    e.error = "internal error: the best schedule is not proven: " +
+              (e.compiled->report.errors.empty() ? std::string("?") : e.compiled->report.errors[0].str());
+    return;
+  }
+  e.proven = true;
+}
+
 Evaluation evaluateBest(const core::IntentProgram& intent, const core::Topology& topology, std::uint64_t sizeBytes,
                         const sim::SimParams& params) {
   Evaluation best;
@@ -109,12 +127,7 @@ Evaluation evaluateBest(const core::IntentProgram& intent, const core::Topology&
       return best;
     }
     // Only the winner is worth proving; an unproven winner is a compiler bug and is reported as such.
-    best.compiled->report = compiler::verify(best.compiled->schedule);
-    if (!best.compiled->report.proven) {
-      best.ok = false;
-      best.error = "internal error: the best schedule is not proven: " +
-                   (best.compiled->report.errors.empty() ? std::string("?") : best.compiled->report.errors[0].str());
-    }
+    prove(best);
   } catch (const std::bad_alloc&) {
     best.ok = false;
     best.error = "out of memory";

@@ -46,7 +46,14 @@ struct Evaluation {
   compiler::CompileOptions options;  // the winning options
   std::optional<compiler::CompileResult> compiled;
   sim::SimResult sim;
+  std::string bottleneck;  // the busiest link and its utilisation, e.g. "node0/mlx5_0->rail0 (97%)"
+  bool screened = false;   // only the first options were tried: they were already too slow (EvalHint)
+  bool proven = false;     // the winner went through the verifier and passed
 };
+
+// Proves `e`'s schedule with the verifier (once); an unproven schedule turns `e` into a failure naming the
+// verifier's first error, as a compiler bug.
+void prove(Evaluation& e);
 
 // Compiles `intent` with every candidate option for `sizeBytes`, simulates each, and keeps the fastest; the winner
 // is verified (the others are not: they are discarded). `params` are the simulator's.

@@ -1,0 +1,75 @@
+// The synthesis loop: rounds of propose -> parse -> expand -> compile per size -> verify -> evaluate -> keep the
+// best per size, until the round budget, the time budget or convergence. Deterministic for a deterministic
+// proposer and evaluator (no wall-clock input except the time budget).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "optiflow/core/collective.h"
+#include "optiflow/core/schedule.h"
+#include "optiflow/core/topology.h"
+#include "optiflow/sim/nccl_model.h"
+#include "optiflow/sim/simulator.h"
+#include "optiflow/synth/evaluator.h"
+#include "optiflow/synth/proposer.h"
+
+namespace optiflow::synth {
+
+struct SynthConfig {
+  core::Collective collective = core::Collective::AllGather;
+  std::vector<std::uint64_t> sizes;
+  int rounds = 8;                       // at most this many rounds
+  double timeBudgetS = 0;               // stop starting new candidates after this long; 0 = no limit
+  int candidatesPerRound = 8;           // asked of the proposer each round
+  int patience = 2;                     // converged after this many rounds without a gain of `minGain` at any size
+  double minGain = 0.005;               // relative
+  int root = 0;                         // Broadcast/Reduce
+  sim::SimParams params;                // the simulator's constants (launch model) for baselines and candidates
+  std::vector<CandidateRecord> resume;  // an earlier run's history: its programs are not proposed again
+};
+
+// NCCL's native choice at one size: what it picks by itself, or the best configuration the simulator found.
+struct NativeChoice {
+  std::string algorithm;  // "Ring", "Tree", ...
+  std::string protocol;   // "LL", "LL128", "Simple"
+  int channels = 0;
+  double timeUs = 0;  // simulated; 0 when the algorithm has no schedule here
+};
+
+struct SizeBest {
+  std::uint64_t sizeBytes = 0;
+  double boundUs = 0;
+  double effectiveBoundUs = 0;  // the bound at the simulator's link efficiencies (sim::effectiveTopology)
+  NativeChoice nccl;            // NCCL's own choice (its cost model), timed by the simulator
+  NativeChoice bestNative;      // the fastest NCCL-native configuration the simulator found (what the tuner sets)
+  int best = -1;                // index into SynthResult::history; -1 when no candidate worked at this size
+  double bestUs = 0;
+  std::string config;                      // the winner's compile options, e.g. "LL128/2ch/2sl"
+  std::optional<core::Schedule> schedule;  // the winner's verified schedule
+};
+
+struct SynthResult {
+  std::vector<SizeBest> sizes;
+  std::vector<CandidateRecord> history;  // this run's candidates (resumed ones first, as read)
+  int roundsRun = 0;
+  double elapsedS = 0;
+  std::string stopReason;  // "round budget", "time budget", "converged", "the proposer has nothing new"
+};
+
+struct ProgressEvent {
+  enum class Kind { Baselines, RoundStart, Candidate, RoundEnd } kind = Kind::Candidate;
+  int round = 0;
+  int index = 0;                            // candidate index within the round
+  int count = 0;                            // candidates in the round
+  const CandidateRecord* record = nullptr;  // Kind::Candidate
+  const SynthResult* result = nullptr;      // the state so far
+};
+
+SynthResult runSynthesis(const core::Topology& topology, const SynthConfig& config, Proposer& proposer,
+                         Evaluator& evaluator, const std::function<void(const ProgressEvent&)>& progress = {});
+
+}  // namespace optiflow::synth

@@ -1,0 +1,336 @@
+#include "optiflow/synth/loop.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <set>
+#include <thread>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "optiflow/core/units.h"
+#include "optiflow/dsl/parser.h"
+#include "optiflow/sim/bounds.h"
+#include "optiflow/sim/nccl_schedules.h"
+
+namespace optiflow::synth {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string configOf(const compiler::CompileOptions& o, const Evaluation& e) {
+  if (e.compiled) {
+    return fmt::format("{}/{}ch/{}sl", core::toString(e.compiled->protocol), e.compiled->channels, e.compiled->slices);
+  }
+  return fmt::format("{}/{}ch/{}sl", o.protocol ? core::toString(*o.protocol) : "auto", o.channels, o.slices);
+}
+
+NativeChoice nativeOf(const sim::NcclPrediction& p, double timeUs) {
+  return {std::string(sim::toString(p.algorithm)), std::string(sim::toString(p.protocol)), p.channels, timeUs};
+}
+
+// NCCL's own choice, and the fastest NCCL-native configuration (algorithm x protocol x channel count) timed by the
+// evaluator: what the tuner plugin would set. Only configurations NCCL's model allows (time >= 0) are tried.
+void baselines(const core::Topology& topo, const SynthConfig& cfg, Evaluator& ev, const sim::NcclTuning& tuning,
+               SizeBest& sb) {
+  const sim::NcclPrediction pred = sim::ncclPredict(tuning, cfg.collective, sb.sizeBytes);
+  if (!pred.ok()) {
+    sb.nccl.algorithm = "n/a";
+    return;
+  }
+  sim::NcclScheduleOptions base;
+  base.root = cfg.root;
+  auto timeOf = [&](const sim::NcclPrediction& p) -> double {
+    auto s = sim::ncclScheduleFor(topo, cfg.collective, p, base);
+    if (!s) return 0;
+    return ev.timeNccl(*s, sb.sizeBytes, sim::ncclSimParams(p, cfg.params.launchUs));
+  };
+  sb.nccl = nativeOf(pred, timeOf(pred));
+  sb.bestNative = sb.nccl;
+  const int maxChannels = std::max({tuning.commChannels, pred.channels, 1});
+  for (int a = 0; a < sim::kNcclNumAlgos; ++a) {
+    for (int pr = 0; pr < sim::kNcclNumProtos; ++pr) {
+      if (pred.time[static_cast<std::size_t>(a)][static_cast<std::size_t>(pr)] < 0) continue;
+      for (int ch = 1; ch <= maxChannels; ch *= 2) {
+        sim::NcclPrediction p = pred;
+        p.algorithm = static_cast<sim::NcclAlgo>(a);
+        p.protocol = static_cast<sim::NcclProto>(pr);
+        p.channels = ch;
+        if (p.algorithm == pred.algorithm && p.protocol == pred.protocol && p.channels == pred.channels) continue;
+        const double t = timeOf(p);
+        if (t > 0 && (sb.bestNative.timeUs <= 0 || t < sb.bestNative.timeUs)) sb.bestNative = nativeOf(p, t);
+      }
+    }
+  }
+}
+
+class Loop {
+ public:
+  Loop(const core::Topology& topo, const SynthConfig& cfg, Proposer& proposer, Evaluator& ev,
+       const std::function<void(const ProgressEvent&)>& progress)
+      : topo_(topo), cfg_(cfg), proposer_(proposer), ev_(ev), progress_(progress) {}
+
+  SynthResult run() {
+    start_ = Clock::now();
+    const sim::BoundModel bounds(topo_);
+    const auto& eff = cfg_.params.linkEfficiency;
+    const sim::BoundModel effBounds(sim::effectiveTopology(topo_, eff[0], eff[1], eff[2]));
+    const sim::NcclTuning tuning = sim::ncclTune(topo_);
+    res_.sizes.resize(cfg_.sizes.size());
+    for (std::size_t s = 0; s < cfg_.sizes.size(); ++s) {
+      SizeBest& sb = res_.sizes[s];
+      sb.sizeBytes = cfg_.sizes[s];
+      sb.boundUs = bounds.bound(cfg_.collective, sb.sizeBytes).timeUs;
+      sb.effectiveBoundUs = effBounds.bound(cfg_.collective, sb.sizeBytes).timeUs;
+      baselines(topo_, cfg_, ev_, tuning, sb);
+    }
+    emit({ProgressEvent::Kind::Baselines});
+    resume();
+
+    int stale = 0;
+    int round = 0;
+    for (const CandidateRecord& r : res_.history) round = std::max(round, r.round + 1);
+    res_.stopReason = "round budget";
+    for (int done = 0; done < cfg_.rounds; ++done, ++round) {
+      if (outOfTime()) {
+        res_.stopReason = "time budget";
+        break;
+      }
+      ProposalContext ctx{topo_,        cfg_.collective, cfg_.sizes, round, cfg_.candidatesPerRound,
+                          res_.history, bestIndices()};
+      std::vector<Candidate> cands = proposer_.propose(ctx);
+      if (cands.empty()) {
+        res_.stopReason = "the proposer has nothing new";
+        break;
+      }
+      emit({ProgressEvent::Kind::RoundStart, round, 0, static_cast<int>(cands.size())});
+      bool improved = false;
+      bool timeUp = false;
+      for (std::size_t k = 0; k < cands.size(); ++k) {
+        if (outOfTime()) {
+          timeUp = true;
+          break;
+        }
+        improved |= evaluateCandidate(round, static_cast<int>(k), cands[k]);
+        emit({ProgressEvent::Kind::Candidate, round, static_cast<int>(k), static_cast<int>(cands.size()),
+              &res_.history.back()});
+      }
+      ++res_.roundsRun;
+      emit({ProgressEvent::Kind::RoundEnd, round, static_cast<int>(cands.size()), static_cast<int>(cands.size())});
+      if (timeUp) {
+        res_.stopReason = "time budget";
+        break;
+      }
+      stale = improved ? 0 : stale + 1;
+      if (cfg_.patience > 0 && stale >= cfg_.patience) {
+        res_.stopReason = "converged";
+        break;
+      }
+    }
+    res_.elapsedS = secondsSince(start_);
+    return std::move(res_);
+  }
+
+ private:
+  void emit(ProgressEvent e) {
+    if (!progress_) return;
+    e.result = &res_;
+    progress_(e);
+  }
+
+  bool outOfTime() const { return cfg_.timeBudgetS > 0 && secondsSince(start_) >= cfg_.timeBudgetS; }
+
+  std::vector<int> bestIndices() const {
+    std::vector<int> out;
+    for (const SizeBest& sb : res_.sizes) out.push_back(sb.best);
+    return out;
+  }
+
+  static std::string canonical(dsl::Program p) {
+    p.name.clear();
+    dsl::clearSourceLocs(p);
+    return dsl::printProgram(p);
+  }
+
+  // An earlier run's candidates join the history as they were; the ones that led a size are evaluated again
+  // there (deterministically the same time) so that this run has their schedules.
+  void resume() {
+    if (cfg_.resume.empty()) return;
+    std::set<std::size_t> leaders;
+    for (std::size_t s = 0; s < cfg_.sizes.size(); ++s) {
+      int best = -1;
+      for (std::size_t i = 0; i < cfg_.resume.size(); ++i) {
+        const CandidateRecord& r = cfg_.resume[i];
+        if (r.stage != "ok" || s >= r.sizes.size() || !r.sizes[s].ok || r.sizes[s].sizeBytes != cfg_.sizes[s]) {
+          continue;
+        }
+        if (best < 0 || r.sizes[s].timeUs < cfg_.resume[static_cast<std::size_t>(best)].sizes[s].timeUs) {
+          best = static_cast<int>(i);
+        }
+      }
+      if (best >= 0) leaders.insert(static_cast<std::size_t>(best));
+    }
+    for (const CandidateRecord& r : cfg_.resume) {
+      res_.history.push_back(r);
+      if (r.stage == "ok" && !r.text.empty()) {
+        auto parsed = dsl::parseProgram(r.text, r.id);
+        if (parsed.ok()) seen_.insert(canonical(*parsed.program));
+      }
+    }
+    for (std::size_t i : leaders) {
+      const CandidateRecord& r = cfg_.resume[i];
+      const Frontend f = parseAndExpand(r.text, r.id, topo_, expandOptions());
+      if (!f.ok()) continue;
+      for (std::size_t s = 0; s < cfg_.sizes.size(); ++s) {
+        Evaluation e = ev_.evaluate(*f.intent, cfg_.sizes[s], EvalHint{});
+        SizeResult sr;
+        const compiler::CompileOptions opts = e.options;
+        offer(static_cast<int>(i), s, e, sr);
+        if (res_.sizes[s].best == static_cast<int>(i)) incumbentOptions_[s] = opts;
+      }
+    }
+  }
+
+  dsl::ExpandOptions expandOptions() const {
+    dsl::ExpandOptions o;
+    o.root = cfg_.root;
+    return o;
+  }
+
+  // Takes `e` as the best at size s when it is faster than the incumbent and proven; fills `sr`'s verdict.
+  // Returns whether the best improved by more than minGain.
+  bool offer(int index, std::size_t s, Evaluation& e, SizeResult& sr) {
+    SizeBest& sb = res_.sizes[s];
+    if (!e.ok) return false;
+    if (e.timeUs < sb.boundUs * (1 - 1e-9)) {
+      spdlog::error("BUG: candidate {} at {} is predicted at {:.2f} us, below the lower bound {:.2f} us", index,
+                    core::formatSize(sb.sizeBytes), e.timeUs, sb.boundUs);
+      sr.ok = false;
+      sr.error =
+          fmt::format("internal error: predicted {:.2f} us, below the lower bound {:.2f} us", e.timeUs, sb.boundUs);
+      return false;
+    }
+    if (sb.best >= 0 && e.timeUs >= sb.bestUs * (1 - 1e-9)) return false;
+    prove(e);
+    if (!e.ok) {
+      spdlog::error("candidate {} at {}: {}", index, core::formatSize(sb.sizeBytes), e.error);
+      sr.ok = false;
+      sr.error = e.error;
+      return false;
+    }
+    const bool gain = sb.best < 0 || e.timeUs < sb.bestUs * (1 - cfg_.minGain);
+    sb.best = index;
+    sb.bestUs = e.timeUs;
+    sb.config = configOf(e.options, e);
+    sb.schedule = std::move(e.compiled->schedule);
+    return gain;
+  }
+
+  bool evaluateCandidate(int round, int k, const Candidate& cand) {
+    CandidateRecord rec;
+    rec.id = fmt::format("r{}c{}", round, k);
+    rec.round = round;
+    rec.origin = cand.origin;
+    rec.text = cand.text;
+    const Frontend f = parseAndExpand(cand.text, rec.id + ".ofl", topo_, expandOptions());
+    if (f.program) rec.name = f.program->name;
+    if (!f.ok()) {
+      rec.stage = std::string(toString(f.failedAt));
+      rec.errors = f.message;
+      res_.history.push_back(std::move(rec));
+      return false;
+    }
+    if (f.intent->collective != cfg_.collective) {
+      rec.stage = "expand";
+      rec.errors = fmt::format("{}.ofl:1:1: this is a {} program; the run synthesizes {}", rec.id,
+                               core::toString(f.intent->collective), core::toString(cfg_.collective));
+      res_.history.push_back(std::move(rec));
+      return false;
+    }
+    if (!seen_.insert(canonical(*f.program)).second) {
+      rec.stage = "duplicate";
+      rec.errors = "the same program (up to its name) was evaluated earlier in this run";
+      res_.history.push_back(std::move(rec));
+      return false;
+    }
+    rec.stage = "ok";
+    const int index = static_cast<int>(res_.history.size());
+    const std::size_t n = cfg_.sizes.size();
+    std::vector<Evaluation> evals(n);
+    std::vector<EvalHint> hints(n);
+    for (std::size_t s = 0; s < n; ++s) {
+      const SizeBest& sb = res_.sizes[s];
+      hints[s].verify = false;
+      if (sb.best >= 0) {
+        hints[s].first = incumbentOptions_[s];
+        hints[s].pruneAboveUs = sb.bestUs * kScreenMargin;
+      }
+    }
+    // The sizes of one candidate in parallel: each depends only on the state before the candidate, so the result
+    // does not depend on the thread count. Largest sizes first (they take longest).
+    const unsigned threads =
+        std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), static_cast<unsigned>(n)));
+    std::atomic<std::size_t> next{0};
+    auto work = [&] {
+      for (std::size_t i; (i = next.fetch_add(1)) < n;) {
+        const std::size_t s = n - 1 - i;
+        evals[s] = ev_.evaluate(*f.intent, cfg_.sizes[s], hints[s]);
+      }
+    };
+    std::vector<std::thread> pool;
+    for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
+    work();
+    for (std::thread& t : pool) t.join();
+
+    bool improved = false;
+    rec.sizes.resize(n);
+    for (std::size_t s = 0; s < n; ++s) {
+      Evaluation& e = evals[s];
+      SizeResult& sr = rec.sizes[s];
+      const SizeBest& sb = res_.sizes[s];
+      sr.sizeBytes = cfg_.sizes[s];
+      sr.boundUs = sb.boundUs;
+      sr.ncclUs = sb.nccl.timeUs;
+      sr.ok = e.ok;
+      sr.error = e.error;
+      if (e.ok) {
+        sr.timeUs = e.timeUs;
+        sr.config = configOf(e.options, e) + (e.screened ? " (screened)" : "");
+        sr.bottleneck = e.bottleneck;
+      }
+      const compiler::CompileOptions opts = e.options;
+      if (offer(index, s, e, sr)) improved = true;
+      if (res_.sizes[s].best == index) incumbentOptions_[s] = opts;
+    }
+    res_.history.push_back(std::move(rec));
+    return improved;
+  }
+
+  // A candidate whose incumbent options are this much slower than the best is not searched further at that size.
+  static constexpr double kScreenMargin = 1.25;
+
+  const core::Topology& topo_;
+  const SynthConfig& cfg_;
+  Proposer& proposer_;
+  Evaluator& ev_;
+  const std::function<void(const ProgressEvent&)>& progress_;
+  Clock::time_point start_;
+  SynthResult res_;
+  std::set<std::string> seen_;
+  std::map<std::size_t, compiler::CompileOptions> incumbentOptions_;
+};
+
+}  // namespace
+
+SynthResult runSynthesis(const core::Topology& topology, const SynthConfig& config, Proposer& proposer,
+                         Evaluator& evaluator, const std::function<void(const ProgressEvent&)>& progress) {
+  Loop loop(topology, config, proposer, evaluator, progress);
+  return loop.run();
+}
+
+}  // namespace optiflow::synth
