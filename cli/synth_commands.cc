@@ -182,6 +182,31 @@ int runSynthesize(const SynthArgs& a) {
   cfg.root = a.root;
   cfg.params.launchUs = a.launch == "host" ? sim::kLaunchUsHost : sim::kLaunchUsCudaGraph;
 
+  // Every argument is checked before the run directory is touched, so a wrong flag loses nothing.
+  synth::BuiltinProposer builtin(a.seed);
+  std::unique_ptr<synth::LlmProposer> llm;
+  synth::Proposer* proposer = &builtin;
+  if (a.proposer == "llm") {
+    if (a.llmUrl.empty() || a.llmModel.empty()) {
+      fmt::print(stderr,
+                 "optiflow: --proposer llm needs --llm-url (e.g. http://localhost:8000/v1) and "
+                 "--llm-model\n");
+      return kExitBadInput;
+    }
+    auto key = synth::resolveApiKey(a.llmApiKeyFile.empty() ? std::nullopt : std::optional(a.llmApiKeyFile));
+    if (!key) {
+      fmt::print(stderr, "optiflow: {}\n", key.error().str());
+      return kExitBadInput;
+    }
+    synth::LlmConfig lc;
+    lc.baseUrl = a.llmUrl;
+    lc.model = a.llmModel;
+    lc.apiKey = std::move(key).value();
+    lc.timeoutS = a.llmTimeoutS;
+    llm = std::make_unique<synth::LlmProposer>(synth::LlmClient(std::move(lc)), builtin);
+    proposer = llm.get();
+  }
+
   std::error_code ec;
   const bool earlier = fs::exists(historyFile, ec) || fs::exists(dir / "plan.json", ec);
   if (a.resume) {
@@ -216,30 +241,6 @@ int runSynthesize(const SynthArgs& a) {
   if (!writer) {
     fmt::print(stderr, "optiflow: {}\n", writer.error().str());
     return kExitBadInput;
-  }
-
-  synth::BuiltinProposer builtin(a.seed);
-  std::unique_ptr<synth::LlmProposer> llm;
-  synth::Proposer* proposer = &builtin;
-  if (a.proposer == "llm") {
-    if (a.llmUrl.empty() || a.llmModel.empty()) {
-      fmt::print(stderr,
-                 "optiflow: --proposer llm needs --llm-url (e.g. http://localhost:8000/v1) and "
-                 "--llm-model\n");
-      return kExitBadInput;
-    }
-    auto key = synth::resolveApiKey(a.llmApiKeyFile.empty() ? std::nullopt : std::optional(a.llmApiKeyFile));
-    if (!key) {
-      fmt::print(stderr, "optiflow: {}\n", key.error().str());
-      return kExitBadInput;
-    }
-    synth::LlmConfig lc;
-    lc.baseUrl = a.llmUrl;
-    lc.model = a.llmModel;
-    lc.apiKey = std::move(key).value();
-    lc.timeoutS = a.llmTimeoutS;
-    llm = std::make_unique<synth::LlmProposer>(synth::LlmClient(std::move(lc)), builtin);
-    proposer = llm.get();
   }
 
   synth::SimEvaluator evaluator(*topo, cfg.params);

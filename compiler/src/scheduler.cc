@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <memory>
 #include <new>
 #include <queue>
@@ -619,8 +620,9 @@ bool Scheduler::order() {
   for (int r = 0; r < n(); ++r) tbBase[r + 1] = tbBase[r] + static_cast<int>(blocks_[r].size());
   const int nTb = tbBase[n()];
   // Per block: when it is free, the steps whose inputs are complete (by priority), and those that become ready
-  // later (by time). A global queue holds, per block, when it can next start something; stale entries are
-  // recognised by a version number. Releases never go back in time, so this is a plain discrete-event run.
+  // later (by time). A global heap holds, per block, when it can next start something (at most one entry per
+  // block, moved up when the block can start earlier). Releases never go back in time, so this is a plain
+  // discrete-event run.
   struct Avail {
     double negUp;
     int op;
@@ -637,25 +639,73 @@ bool Scheduler::order() {
   };
   struct TbState {
     double free = 0;
-    double pendingAt = std::numeric_limits<double>::infinity();  // time of its valid queued event, if any
-    int version = 0;
     std::priority_queue<Avail, std::vector<Avail>, std::greater<>> avail;
     std::priority_queue<Future, std::vector<Future>, std::greater<>> future;
   };
-  struct Event {
-    double t;
-    int tb;
-    int version;
-    bool operator>(const Event& e) const { return t != e.t ? t > e.t : tb > e.tb; }
-  };
   std::vector<TbState> tbs(nTb);
-  // Per sending block: the messages sent and not yet received, in order (a queue as a vector and its head).
-  std::vector<std::vector<int>> inFlight(nTb);
-  std::vector<std::size_t> inFlightHead(nTb, 0);
-  std::vector<double> ready(nOps, 0.0);
-  std::vector<double> arrival(hops_.size(), 0.0);
-  std::priority_queue<Event, std::vector<Event>, std::greater<>> events;
-  auto gtb = [&](const Op& o) { return tbBase[o.rank] + o.tb; };
+  std::vector<std::vector<int>*> tbOps(nTb);  // the block's emitted order
+  for (int r = 0; r < n(); ++r) {
+    for (std::size_t b = 0; b < blocks_[r].size(); ++b) tbOps[tbBase[r] + static_cast<int>(b)] = &blocks_[r][b].ops;
+  }
+  // What the run reads of every op and hop, packed together (ops_ is large; the run visits it in no useful order).
+  struct OpRun {
+    double ready = 0;
+    double negUp = 0;
+    double dur = 0;
+    int need = 0;
+    int tb = 0;  // global block
+    int hop = kNone;
+    int fusedSend = kNone;
+    OpKind kind = OpKind::Send;
+  };
+  struct HopRun {
+    double arrival = 0;
+    int recvOp = kNone;
+    int senderTb = 0;  // global block of the send
+    int next = kNone;  // the hop its block sent next (the block's in-flight list)
+  };
+  std::vector<OpRun> run(nOps);
+  for (std::size_t i = 0; i < nOps; ++i) {
+    const Op& o = ops_[i];
+    OpRun& x = run[i];
+    x.negUp = -o.up;
+    x.dur = o.dur;
+    x.need = need[i];
+    x.tb = tbBase[o.rank] + o.tb;
+    x.hop = o.hop;
+    x.fusedSend = o.fusedSend;
+    x.kind = o.kind;
+  }
+  std::vector<HopRun> hopRun(hops_.size());
+  for (std::size_t h = 0; h < hops_.size(); ++h) {
+    hopRun[h].recvOp = hops_[h].recvOp;
+    hopRun[h].senderTb = run[hops_[h].sendOp].tb;
+  }
+  // Per sending block: the messages sent and not yet received, in order (a list through HopRun::next).
+  std::vector<int> inFlightHead(nTb, kNone);
+  std::vector<int> inFlightTail(nTb, kNone);
+  // The blocks waiting to start something, by (pendingAt, block). A symmetric schedule has thousands of blocks
+  // waiting for a handful of distinct times, so: an ordered map of the distinct times, each with a min-heap of
+  // block ids. A block woken earlier than it was queued leaves its old entry behind; entries whose time is no
+  // longer the block's pendingAt are skipped when they surface.
+  std::vector<double> pendingAt(nTb, std::numeric_limits<double>::infinity());
+  std::map<double, std::vector<int>> waiting;
+  std::vector<std::vector<int>> spareBuckets;  // emptied buckets, kept for their capacity
+  auto popEarliest = [&]() -> int {
+    while (!waiting.empty()) {
+      auto it = waiting.begin();
+      std::vector<int>& bucket = it->second;
+      while (!bucket.empty()) {
+        std::pop_heap(bucket.begin(), bucket.end(), std::greater<>());
+        const int tb = bucket.back();
+        bucket.pop_back();
+        if (pendingAt[tb] == it->first) return tb;
+      }
+      spareBuckets.push_back(std::move(bucket));
+      waiting.erase(it);
+    }
+    return kNone;
+  };
   auto wake = [&](int tb) {
     TbState& st = tbs[tb];
     double t;
@@ -666,69 +716,80 @@ bool Scheduler::order() {
     } else {
       return;
     }
-    if (t >= st.pendingAt) return;  // already queued no later than that
-    st.pendingAt = t;
-    events.push({t, tb, ++st.version});
+    if (t >= pendingAt[tb]) return;  // already queued no later than that
+    pendingAt[tb] = t;
+    auto [it, fresh] = waiting.try_emplace(t);
+    if (fresh && !spareBuckets.empty()) {
+      it->second = std::move(spareBuckets.back());
+      spareBuckets.pop_back();
+    }
+    it->second.push_back(tb);
+    std::push_heap(it->second.begin(), it->second.end(), std::greater<>());
   };
   auto release = [&](int op, double at) {
-    ready[op] = std::max(ready[op], at);
-    if (--need[op] == 0) {
-      const int tb = gtb(ops_[op]);
-      tbs[tb].future.push({ready[op], -ops_[op].up, op});
-      wake(tb);
+    OpRun& x = run[op];
+    x.ready = std::max(x.ready, at);
+    if (--x.need == 0) {
+      tbs[x.tb].future.push({x.ready, x.negUp, op});
+      wake(x.tb);
     }
   };
   // With creationOrder_, every connection carries its messages in creation order (a valid sequential order of the
   // program). Without it a sender may overtake an earlier message, which is faster (it sends what is ready) but
   // can leave a receiver whose own dependencies follow creation order (several reductions into one slot through a
   // relay, for instance) waiting forever; compile() then retries with it.
-  std::vector<int> nextSend(nOps, kNone);
+  std::vector<int> nextSend;
   if (creationOrder_) {
+    nextSend.assign(nOps, kNone);
     std::vector<int> lastSend(nTb, kNone);
     for (std::size_t i = 0; i < nOps; ++i) {
       if (ops_[i].kind != OpKind::Send) continue;
-      const int tb = gtb(ops_[i]);
+      const int tb = run[i].tb;
       if (lastSend[tb] != kNone) {
         nextSend[lastSend[tb]] = static_cast<int>(i);
-        ++need[stepOf(static_cast<int>(i))];
+        ++run[stepOf(static_cast<int>(i))].need;
       }
       lastSend[tb] = static_cast<int>(i);
     }
   }
   auto issue = [&](int sendOp, double at) {
-    const Op& s = ops_[sendOp];
-    const int hop = s.hop;
-    if (nextSend[sendOp] != kNone) release(stepOf(nextSend[sendOp]), at);
-    arrival[hop] = at;
-    const int tb = gtb(s);
-    inFlight[tb].push_back(hop);
-    if (inFlight[tb].size() - inFlightHead[tb] == 1) release(hops_[hop].recvOp, arrival[hop]);
+    const int hop = run[sendOp].hop;
+    if (creationOrder_ && nextSend[sendOp] != kNone) release(stepOf(nextSend[sendOp]), at);
+    HopRun& h = hopRun[hop];
+    h.arrival = at;
+    const int tb = h.senderTb;
+    if (inFlightHead[tb] == kNone) {
+      inFlightHead[tb] = inFlightTail[tb] = hop;
+      release(h.recvOp, at);
+    } else {
+      hopRun[inFlightTail[tb]].next = hop;
+      inFlightTail[tb] = hop;
+    }
   };
   for (std::size_t i = 0; i < nOps; ++i) {
-    if (!ops_[i].absorbed && need[i] == 0) tbs[gtb(ops_[i])].future.push({0.0, -ops_[i].up, static_cast<int>(i)});
+    if (!ops_[i].absorbed && run[i].need == 0) tbs[run[i].tb].future.push({0.0, run[i].negUp, static_cast<int>(i)});
   }
   for (int tb = 0; tb < nTb; ++tb) wake(tb);
   std::size_t scheduled = 0;
   std::size_t steps = 0;
   for (const Op& o : ops_) steps += o.absorbed ? 0 : 1;
-  while (!events.empty()) {
-    const Event ev = events.top();
-    events.pop();
-    TbState& st = tbs[ev.tb];
-    if (ev.version != st.version) continue;
-    st.pendingAt = std::numeric_limits<double>::infinity();
-    const double now = ev.t;
+  for (;;) {
+    const int tb = popEarliest();
+    if (tb == kNone) break;
+    TbState& st = tbs[tb];
+    const double now = pendingAt[tb];
+    pendingAt[tb] = std::numeric_limits<double>::infinity();
     while (!st.future.empty() && st.future.top().t <= now) {
       st.avail.push({st.future.top().negUp, st.future.top().op});
       st.future.pop();
     }
     if (st.avail.empty()) {
-      wake(ev.tb);
+      wake(tb);
       continue;
     }
     const int opId = st.avail.top().op;
     st.avail.pop();
-    Op& o = ops_[opId];
+    const OpRun& o = run[opId];
     const double start = now;
     double done = start;
     switch (o.kind) {
@@ -740,32 +801,35 @@ bool Scheduler::order() {
         issue(opId, done);
         break;
       case OpKind::Recv: {
-        const Hop& h = hops_[o.hop];
-        const int senderTb = tbBase[h.src] + ops_[h.sendOp].tb;
-        done = std::max(start + sync, arrival[o.hop]);
+        const HopRun& h = hopRun[o.hop];
+        const int senderTb = h.senderTb;
+        done = std::max(start + sync, h.arrival);
         if (o.fusedSend != kNone) {
-          const Op& f = ops_[o.fusedSend];
+          const double fdur = run[o.fusedSend].dur;
           // Cut-through: the forward streams while the input arrives.
-          const double fwd = std::max(start + sync + f.dur, arrival[o.hop] + 0.1 * f.dur);
+          const double fwd = std::max(start + sync + fdur, h.arrival + 0.1 * fdur);
           done = std::max(done, fwd);
           issue(o.fusedSend, fwd);
         }
-        auto& q = inFlight[senderTb];
-        std::size_t& head = inFlightHead[senderTb];
-        if (head >= q.size() || q[head] != o.hop) {
+        if (inFlightHead[senderTb] != o.hop) {
           error_ = "internal error: a receive was ordered out of its connection's order";
           return false;
         }
-        ++head;
-        if (head < q.size()) release(hops_[q[head]].recvOp, arrival[q[head]]);
+        const int next = h.next;
+        inFlightHead[senderTb] = next;
+        if (next == kNone) {
+          inFlightTail[senderTb] = kNone;
+        } else {
+          release(hopRun[next].recvOp, hopRun[next].arrival);
+        }
         break;
       }
     }
     st.free = done;
-    blocks_[o.rank][o.tb].ops.push_back(opId);
+    tbOps[tb]->push_back(opId);
     ++scheduled;
     for (int c = depStart[opId]; c < depStart[opId + 1]; ++c) release(children[c], done);
-    wake(ev.tb);
+    wake(tb);
   }
   if (scheduled != steps) {
     error_ = fmt::format(

@@ -13,7 +13,11 @@
 //
 // Complexity, with S steps, B thread blocks over all ranks, C physical chunks, A chunk accesses (sum of counts):
 //   phases 1-3: O(S + B + dependencies) time and memory.
-//   races:      O(S * B + A * R) time where R is the number of reads of one chunk between two writes of it; memory
+//   races:      first a screen with rank-local clocks (program order and dependencies only): O(S * b + A * R) with b
+//               the blocks of one rank and R the number of reads of one chunk between two writes of it. Only groups
+//               with a rank where a conflicting pair is left unordered get the full passes, which follow the
+//               send->receive waits too (every compiled schedule orders its hazards by dependencies and skips them):
+//               O(S * B + A * R) time; memory
 //               O(B * G + P * G) for the current clocks plus the P snapshots alive at once (sends whose receive and
 //               steps whose dependents are not processed yet), with G <= B columns per pass. When B * B would be
 //               too large, ranks are split into groups of at most G blocks and one pass is run per group (a clock
@@ -165,6 +169,7 @@ class Verifier {
   void verifyMode(BufferMode mode);
   bool checkRanges();
   void checkRaces();
+  std::vector<char> ranksNeedingFullClocks();
   void raceGroup(const std::vector<int>& column, int columns, const std::vector<char>& rankInGroup);
   void execute();
 
@@ -188,6 +193,22 @@ class Verifier {
   std::vector<int> succOff_, succNode_;  // CSR: nodes that depend on each node
   std::vector<int> sendTo_, recvFrom_;   // matched receive of a sending node / matched send of a receiving node
   std::vector<int> order_;               // topological order
+  // What the per-mode passes read of every step, in topological order: they visit the steps in an order unrelated
+  // to where the schedule keeps them, and reading them through the schedule costs several cache misses each.
+  struct OrderedStep {
+    int node;
+    int rank;
+    int block;  // global block
+    int pos;    // index in its block
+    int count;
+    int srcOff;
+    int dstOff;
+    StepOp op;
+    BufferKind srcBuf;
+    BufferKind dstBuf;
+  };
+  std::vector<OrderedStep> ordered_;
+  std::vector<core::BufferSizes> logical_;  // per rank
 
   // Per mode: physical chunk layout.
   std::vector<int> chunkBase_;               // per rank, size nRanks + 1
@@ -493,7 +514,16 @@ bool Verifier::orderSteps() {
     for (int e = succOff_[v]; e < succOff_[v + 1]; ++e) release(succNode_[e]);
     if (sendTo_[v] != kNone) release(sendTo_[v]);
   }
-  if (static_cast<int>(order_.size()) == ns) return true;
+  if (static_cast<int>(order_.size()) == ns) {
+    ordered_.resize(order_.size());
+    for (std::size_t i = 0; i < order_.size(); ++i) {
+      const int v = order_[i];
+      const Step& st = stepAt(v);
+      ordered_[i] = {v,         rankOf(v), nodeBlock_[v], stepOf(v), st.count,
+                     st.srcOff, st.dstOff, st.op,         st.srcBuf, st.dstBuf};
+    }
+    return true;
+  }
 
   // Every unprocessed node has an unprocessed predecessor: walk predecessors until a node repeats.
   std::vector<int> seenAt(ns, kNone);
@@ -529,7 +559,7 @@ bool Verifier::orderSteps() {
 // Phase 4: per buffer mode.
 
 int Verifier::chunkId(int rank, BufferKind buf, std::int64_t index) const {
-  const core::BufferSizes logical = core::logicalSizes(s_, rank);
+  const core::BufferSizes& logical = logical_[rank];
   const int size = buf == BufferKind::Input    ? logical.input
                    : buf == BufferKind::Output ? logical.output
                                                : logical.scratch;
@@ -680,10 +710,100 @@ void Verifier::raceGroup(const std::vector<int>& column, int columns, const std:
   }
 }
 
+// A screening pass with rank-local clocks: program order and dependencies (which never leave a rank), without the
+// send->receive waits. Whatever it orders is ordered, so a rank whose conflicting accesses it all orders has no race;
+// it returns the ranks where some pair is left, which checkRaces then examines with full clocks. Every access pair
+// the full passes compare is compared here too (same topological order, same per-chunk state), so skipping the
+// groups without such a rank changes no finding. Compiled schedules order every hazard by a dependency and skip the
+// full passes entirely: this pass costs O(S * blocks per rank).
+std::vector<char> Verifier::ranksNeedingFullClocks() {
+  const int n = s_.nRanks;
+  const int nb = static_cast<int>(blockRank_.size());
+  const int ns = static_cast<int>(nodeBlock_.size());
+  std::vector<char> flagged(n, 0);
+  // Per block, its running clock over the blocks of its rank.
+  std::vector<std::int64_t> rowOff(static_cast<std::size_t>(nb) + 1, 0);
+  int maxWidth = 0;
+  for (int g = 0; g < nb; ++g) {
+    const int r = blockRank_[g];
+    const int width = rankBlockBase_[r + 1] - rankBlockBase_[r];
+    maxWidth = std::max(maxWidth, width);
+    rowOff[g + 1] = rowOff[g] + width;
+  }
+  if (rowOff[nb] > kClockBudget) return std::vector<char>(n, 1);
+  std::vector<std::int32_t> clocks(static_cast<std::size_t>(rowOff[nb]), 0);
+  // Snapshots of the clocks later steps join, in one pool with a free list per width (no allocation per step).
+  std::vector<std::int32_t> pool;
+  std::vector<std::vector<std::int64_t>> freeSlots(static_cast<std::size_t>(maxWidth) + 1);
+  std::vector<std::int64_t> snap(ns, -1);
+  std::vector<int> consumers(ns, 0);
+  for (int v = 0; v < ns; ++v) consumers[v] = succOff_[v + 1] - succOff_[v];
+  const int nChunks = chunkBase_.back();
+  std::vector<int> lastWrite(nChunks, kNone);
+  // The reads of each chunk since its last write, as lists in one pool (the order does not matter here).
+  struct ReadLink {
+    int node;
+    int next;
+  };
+  std::vector<ReadLink> readPool;
+  std::vector<int> readHead(nChunks, kNone);
+  std::vector<int> ids;
+  for (const OrderedStep& st : ordered_) {
+    const int v = st.node;
+    const int r = st.rank;
+    const int base = rankBlockBase_[r];
+    const int width = rankBlockBase_[r + 1] - base;
+    std::int32_t* c = clocks.data() + rowOff[st.block];
+    for (int e = depOff_[v]; e < depOff_[v + 1]; ++e) {
+      const int from = depNode_[e];
+      const std::int32_t* src = pool.data() + snap[from];
+      for (int i = 0; i < width; ++i) c[i] = std::max(c[i], src[i]);
+      if (--consumers[from] == 0) freeSlots[width].push_back(snap[from]);
+    }
+    c[st.block - base] = st.pos + 1;
+    if (consumers[v] > 0) {
+      auto& slots = freeSlots[width];
+      if (slots.empty()) {
+        snap[v] = static_cast<std::int64_t>(pool.size());
+        pool.resize(pool.size() + static_cast<std::size_t>(width));
+      } else {
+        snap[v] = slots.back();
+        slots.pop_back();
+      }
+      std::copy(c, c + width, pool.data() + snap[v]);
+    }
+    if (flagged[r]) continue;
+    auto ordered = [&](int x) { return c[nodeBlock_[x] - base] >= stepOf(x) + 1; };
+    if (core::opReadsSrc(st.op) && localRange(r, st.srcBuf, st.srcOff, st.count, ids)) {
+      for (const int id : ids) {
+        const int w = lastWrite[id];
+        if (w != kNone && w != v && !ordered(w)) flagged[r] = 1;
+        if (readHead[id] == kNone || readPool[readHead[id]].node != v) {
+          readPool.push_back({v, readHead[id]});
+          readHead[id] = static_cast<int>(readPool.size()) - 1;
+        }
+      }
+    }
+    if (core::opWritesDst(st.op) && localRange(r, st.dstBuf, st.dstOff, st.count, ids)) {
+      for (const int id : ids) {
+        const int w = lastWrite[id];
+        if (w != kNone && w != v && !ordered(w)) flagged[r] = 1;
+        for (int x = readHead[id]; x != kNone; x = readPool[x].next) {
+          if (readPool[x].node != v && !ordered(readPool[x].node)) flagged[r] = 1;
+        }
+        readHead[id] = kNone;
+        lastWrite[id] = v;
+      }
+    }
+  }
+  return flagged;
+}
+
 void Verifier::checkRaces() {
   const int n = s_.nRanks;
   const int nb = static_cast<int>(blockRank_.size());
   if (nb == 0) return;
+  const std::vector<char> needed = ranksNeedingFullClocks();
   int maxPerRank = 1;
   for (int r = 0; r < n; ++r) maxPerRank = std::max(maxPerRank, rankBlockBase_[r + 1] - rankBlockBase_[r]);
   const auto budget = static_cast<int>(std::clamp<std::int64_t>(kClockBudget / nb, 1, nb));
@@ -698,7 +818,9 @@ void Verifier::checkRaces() {
       for (int g = rankBlockBase_[r]; g < rankBlockBase_[r + 1]; ++g) column[g] = cols++;
       ++r;
     }
-    if (cols > 0) raceGroup(column, cols, inGroup);
+    bool any = false;
+    for (int q = 0; q < n; ++q) any = any || (inGroup[q] && needed[q]);
+    if (cols > 0 && any) raceGroup(column, cols, inGroup);
   }
 }
 
@@ -708,7 +830,21 @@ void Verifier::execute() {
   const int nChunks = chunkBase_.back();
   std::vector<ValuePtr> mem(nChunks);
   std::vector<int> writer(nChunks, kNone);
-  std::vector<std::vector<ValuePtr>> inflight(ns);
+  // Values in flight: every matched send owns `count` slots of one pool, filled when it runs and emptied by its
+  // receive (one allocation in all rather than one per send).
+  struct Slots {
+    std::int64_t off = -1;
+    int count = 0;
+  };
+  std::vector<Slots> inflightAt(ns);
+  std::int64_t inflightSize = 0;
+  for (const OrderedStep& st : ordered_) {
+    if (core::opSends(st.op) && sendTo_[st.node] != kNone) {
+      inflightAt[st.node] = {inflightSize, std::max(st.count, 0)};
+      inflightSize += std::max(st.count, 0);
+    }
+  }
+  std::vector<ValuePtr> inflight(static_cast<std::size_t>(inflightSize));
 
   // Initial state, then TE-CCL's local copies.
   for (int r = 0; r < s_.nRanks; ++r) {
@@ -732,10 +868,10 @@ void Verifier::execute() {
 
   std::vector<int> src, dst;
   std::vector<ValuePtr> srcVals, dstVals, recvVals, out;
-  for (const int v : order_) {
-    const Step& st = stepAt(v);
+  for (const OrderedStep& st : ordered_) {
     if (st.op == StepOp::Nop) continue;
-    const int r = rankOf(v);
+    const int v = st.node;
+    const int r = st.rank;
     const bool readsSrc = core::opReadsSrc(st.op);
     const bool writesDst = core::opWritesDst(st.op);
     if (readsSrc) localRange(r, st.srcBuf, st.srcOff, st.count, src);
@@ -760,8 +896,9 @@ void Verifier::execute() {
     if (st.op == StepOp::Reduce) load(dst, st.dstBuf, st.dstOff, "dst", dstVals);
     recvVals.clear();
     if (core::opReceives(st.op)) {
-      recvVals = std::move(inflight[recvFrom_[v]]);
-      inflight[recvFrom_[v]] = {};
+      const Slots& in = inflightAt[recvFrom_[v]];
+      const auto first = inflight.begin() + in.off;
+      recvVals.assign(std::make_move_iterator(first), std::make_move_iterator(first + in.count));
       recvVals.resize(cnt);
     }
 
@@ -819,7 +956,10 @@ void Verifier::execute() {
       case StepOp::Nop:
         break;
     }
-    if (core::opSends(st.op) && sendTo_[v] != kNone) inflight[v] = out;
+    if (core::opSends(st.op) && sendTo_[v] != kNone) {
+      const std::size_t slots = std::min(out.size(), static_cast<std::size_t>(st.count));
+      std::copy(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(slots), inflight.begin() + inflightAt[v].off);
+    }
     if (writesDst) {
       for (std::size_t i = 0; i < dst.size() && i < dstVals.size(); ++i) {
         mem[dst[i]] = dstVals[i];
@@ -885,9 +1025,11 @@ void Verifier::verifyMode(BufferMode mode) {
   mode_ = mode;
   const int n = s_.nRanks;
   physical_.resize(n);
+  logical_.resize(n);
   chunkBase_.assign(static_cast<std::size_t>(n) + 1, 0);
   for (int r = 0; r < n; ++r) {
     physical_[r] = core::physicalSizes(s_, r, mode);
+    logical_[r] = core::logicalSizes(s_, r);
     const std::int64_t total = std::int64_t{chunkBase_[r]} + std::max(0, physical_[r].input) +
                                std::max(0, physical_[r].output) + std::max(0, physical_[r].scratch);
     if (total > (std::int64_t{1} << 28)) {

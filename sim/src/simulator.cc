@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
-#include <queue>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -74,6 +74,9 @@ constexpr std::uint8_t kTailArrived = 16;  // sender: the tail of its data arriv
 constexpr std::uint8_t kEndByInput = 32;   // its end was set by its input's tail
 
 constexpr std::uint32_t kVersionMask = 0x1fffffffu;
+// Components with at most this many binding links pick the next link to freeze by a scan (a round costs one pass
+// over a few dense arrays), larger ones with a lazy heap (a round costs the links that changed).
+constexpr std::size_t kScanLinks = 512;
 
 enum class Ev : std::uint8_t { StepEnd, FlowDrain, Head, Tail, Begin };
 
@@ -86,11 +89,94 @@ struct Event {
   std::uint32_t version() const { return packed >> 3; }
 };
 
-struct EventLater {
-  bool operator()(const Event& x, const Event& y) const {
-    if (x.time != y.time) return x.time > y.time;
-    return x.seq > y.seq;
+// Min-heap of events by (time, seq): keys are unique, so any correct heap pops them in one order. A flow has at
+// most one drain event in it: a rate change replaces the old one in place (it would only have been popped and
+// discarded as stale), which keeps the heap small when rates change often.
+class EventHeap {
+ public:
+  bool empty() const { return h_.empty(); }
+  const Event& top() const { return h_.front(); }
+  void push(const Event& e) {
+    h_.push_back(e);
+    siftUp(h_.size() - 1, e);
   }
+  // A drain event for `flow`; returns whether it replaced the flow's previous one.
+  bool pushDrain(const Event& e, int flow) {
+    if (static_cast<std::size_t>(flow) >= pos_.size()) pos_.resize(static_cast<std::size_t>(flow) + 1, kNone);
+    const std::size_t i = pos_[flow];
+    if (i == kNone) {
+      push(e);
+      return false;
+    }
+    update(i, e);
+    return true;
+  }
+  // Drops `flow`'s drain event if it has one; returns whether it did.
+  bool removeDrain(int flow) {
+    if (static_cast<std::size_t>(flow) >= pos_.size() || pos_[flow] == kNone) return false;
+    const std::size_t i = pos_[flow];
+    pos_[flow] = kNone;
+    const Event last = h_.back();
+    h_.pop_back();
+    if (i < h_.size()) update(i, last);
+    return true;
+  }
+  Event pop() {
+    const Event e = h_.front();
+    if (e.type() == Ev::FlowDrain) pos_[e.a] = kNone;
+    const Event last = h_.back();
+    h_.pop_back();
+    if (h_.empty()) return e;
+    // Like std::pop_heap: the hole goes down to a leaf along the smaller children, then `last` rises from there
+    // (one comparison per level on the way down; `last` is usually large and rises little).
+    const std::size_t n = h_.size();
+    std::size_t i = 0;
+    for (std::size_t c = 1; c < n; c = 2 * i + 1) {
+      if (c + 1 < n && less(h_[c + 1], h_[c])) ++c;
+      place(i, h_[c]);
+      i = c;
+    }
+    siftUp(i, last);
+    return e;
+  }
+
+ private:
+  static constexpr std::size_t kNone = ~std::size_t{0};
+  static bool less(const Event& x, const Event& y) { return x.time < y.time || (x.time == y.time && x.seq < y.seq); }
+  void place(std::size_t i, const Event& e) {
+    h_[i] = e;
+    if (e.type() == Ev::FlowDrain) pos_[e.a] = i;
+  }
+  void update(std::size_t i, const Event& e) {
+    if (i > 0 && less(e, h_[(i - 1) / 2])) {
+      siftUp(i, e);
+    } else {
+      siftDown(i, e);
+    }
+  }
+  void siftUp(std::size_t i, const Event& e) {
+    while (i > 0) {
+      const std::size_t parent = (i - 1) / 2;
+      if (!less(e, h_[parent])) break;
+      place(i, h_[parent]);
+      i = parent;
+    }
+    place(i, e);
+  }
+  void siftDown(std::size_t i, const Event& e) {
+    const std::size_t n = h_.size();
+    for (;;) {
+      std::size_t c = 2 * i + 1;
+      if (c >= n) break;
+      if (c + 1 < n && less(h_[c + 1], h_[c])) ++c;
+      if (!less(h_[c], e)) break;
+      place(i, h_[c]);
+      i = c;
+    }
+    place(i, e);
+  }
+  std::vector<Event> h_;
+  std::vector<std::size_t> pos_;  // per flow: index of its drain event in h_, or kNone
 };
 
 struct Flow {
@@ -100,7 +186,9 @@ struct Flow {
   double remaining = 0;  // wire bytes left at `last`
   double rate = 0;       // wire bytes per us
   double last = 0;
-  double maxRate = kInf;      // min(cap, every link's effective capacity)
+  double maxRate = kInf;  // min(cap, every link's effective capacity)
+  int pathStart = 0;      // its connection's path in connPaths_ (copied: the hot loops read it often)
+  int pathLen = 0;
   std::uint32_t version = 0;  // 29 bits travel in events; wraps harmlessly
   bool fresh = false;         // started, no drain event scheduled yet
 };
@@ -121,8 +209,13 @@ class Engine {
   // larger sequence numbers), which keeps the heap small; the order is exactly that of one (time, seq) heap.
   void push(double t, Ev type, int a, std::uint32_t version = 0) {
     Event e{t, seq_++, a, (version << 3) | static_cast<std::uint32_t>(type)};
+    // events_ counts every event pushed (each was popped once): a drain event dropped from the heap because a newer
+    // one for its flow superseded it counts as processed, as it did when it stayed in the heap until it was stale.
     if (t == now_) {
+      if (type == Ev::FlowDrain && q_.removeDrain(a)) ++events_;
       nowQ_.push_back(e);
+    } else if (type == Ev::FlowDrain) {
+      if (q_.pushDrain(e, a)) ++events_;
     } else {
       q_.push(e);
     }
@@ -144,6 +237,7 @@ class Engine {
   }
   bool binding(int l) const { return sumMax_[l] > cap_[l] * (1 + 1e-9); }
   void recompute(const std::vector<int>& seeds);
+  void freeze(int f, double rate, bool scan);
   void applyRates();
   void linkAdd(int l, int flow);
   void linkRemove(int l, int flow);
@@ -152,6 +246,9 @@ class Engine {
   int stepOf(int inst) const { return inst % nSteps_; }
   int iterOf(int inst) const { return inst / nSteps_; }
   double dataBytes(int g) const { return steps_[g].count * iterChunk_; }
+  std::span<const int> flowPath(int f) const {
+    return std::span<const int>(connPaths_).subspan(flows_[f].pathStart, flows_[f].pathLen);
+  }
   std::span<const int> connPath(int c) const {
     return std::span<const int>(connPaths_).subspan(conns_[c].pathStart, conns_[c].pathLen);
   }
@@ -197,13 +294,20 @@ class Engine {
   std::vector<std::uint32_t> flowStamp_, linkStamp_;
   std::uint32_t stamp_ = 0;
   std::vector<int> compFlows_, compLinks_, seedBuf_;
-  std::vector<double> rem_;
-  std::vector<int> cnt_;
-  std::vector<std::uint32_t> linkVer_;
   std::vector<char> frozen_;
   std::vector<double> newRate_;
+  std::vector<int> linkLocal_;  // per link: its index in compLinks_ (valid while linkStamp_ == stamp_)
+  // Per component link (index in compLinks_): capacity left, unfrozen flows, share (max(0, rem) / cnt, +inf when
+  // no flow is left).
+  std::vector<double> remL_, shareL_;
+  std::vector<int> cntL_;
+  std::vector<std::pair<double, int>> sortBuf_;
+  // Lazy min-heap of (share, component link) for large components, and the links whose share changed in this round.
+  std::vector<std::pair<double, int>> heap_;
+  std::vector<int> dirty_;
+  std::vector<char> isDirty_;
 
-  std::priority_queue<Event, std::vector<Event>, EventLater> q_;
+  EventHeap q_;
   std::vector<Event> nowQ_;  // FIFO of events at now_
   std::size_t nowHead_ = 0;
   std::uint64_t seq_ = 0;
@@ -418,9 +522,7 @@ void Engine::initLinks() {
   busyUs_.assign(nl, 0);
   linkBytes_.assign(nl, 0);
   linkStamp_.assign(nl, 0);
-  rem_.assign(nl, 0);
-  cnt_.assign(nl, 0);
-  linkVer_.assign(nl, 0);
+  linkLocal_.assign(nl, 0);
 }
 
 void Engine::linkAdd(int l, int flow) {
@@ -444,9 +546,9 @@ void Engine::linkRemove(int l, int flow) {
   }
 }
 
-// Max-min fair rates for the flows connected to `seeds` through binding links (progressive filling with a lazy
-// heap over link shares). Links that cannot saturate even if every flow on them ran at its own maximum never
-// constrain anything and are skipped, which keeps components small on fat fabrics.
+// Max-min fair rates for the flows connected to `seeds` through binding links (progressive filling). Links that cannot
+// saturate even if every flow on them ran at its own maximum never constrain anything and are skipped, which keeps
+// components small on fat fabrics.
 void Engine::recompute(const std::vector<int>& seeds) {
   ++stamp_;
   if (flowStamp_.size() < flows_.size()) flowStamp_.resize(flows_.size(), 0);
@@ -458,7 +560,7 @@ void Engine::recompute(const std::vector<int>& seeds) {
     compFlows_.push_back(f);
   }
   for (std::size_t i = 0; i < compFlows_.size(); ++i) {
-    for (int l : connPath(flows_[compFlows_[i]].conn)) {
+    for (int l : flowPath(compFlows_[i])) {
       if (linkStamp_[l] == stamp_ || !binding(l)) continue;
       linkStamp_[l] = stamp_;
       compLinks_.push_back(l);
@@ -479,62 +581,115 @@ void Engine::recompute(const std::vector<int>& seeds) {
     applyRates();
     return;
   }
-  // Progressive filling.
-  if (frozen_.size() < flows_.size()) {
-    frozen_.resize(flows_.size(), 0);
-    newRate_.resize(flows_.size(), 0);
+  // Progressive filling. Flows in (maxRate, id) order: the cap freezes take them in that order, and applyRates
+  // schedules their drain events in it. Usually every flow of a component has the same maxRate (same link
+  // capacities), and then the order is the ids': a large component is then listed from the stamps directly.
+  const double firstMax = flows_[compFlows_[0]].maxRate;
+  bool uniform = true;
+  for (int f : compFlows_) uniform = uniform && flows_[f].maxRate == firstMax;
+  if (uniform && compFlows_.size() * 8 >= flows_.size()) {
+    const std::size_t n = compFlows_.size();
+    compFlows_.clear();
+    for (std::size_t f = 0; f < flows_.size() && compFlows_.size() < n; ++f) {
+      if (flowStamp_[f] == stamp_) compFlows_.push_back(static_cast<int>(f));
+    }
+  } else if (uniform) {
+    std::sort(compFlows_.begin(), compFlows_.end());
+  } else {
+    sortBuf_.clear();
+    for (int f : compFlows_) sortBuf_.emplace_back(flows_[f].maxRate, f);
+    std::sort(sortBuf_.begin(), sortBuf_.end());
+    for (std::size_t i = 0; i < sortBuf_.size(); ++i) compFlows_[i] = sortBuf_[i].second;
   }
-  using HeapItem = std::pair<double, int>;  // (share, link)
-  std::priority_queue<HeapItem, std::vector<HeapItem>, std::greater<>> heap;
-  for (int l : compLinks_) {
-    rem_[l] = cap_[l];
-    cnt_[l] = static_cast<int>(linkFlows_[l].size());
-    heap.push({rem_[l] / cnt_[l], l});
+  // The next link to freeze is the least (share, link id) among links with unfrozen flows. Components usually
+  // have a few links (one node's NVSwitch ports): a scan of dense per-component arrays in link id order is cheaper
+  // than a heap there (a link without unfrozen flows has share +inf, which never wins over a flow's finite cap).
+  const std::size_t nLinks = compLinks_.size();
+  const bool scan = nLinks <= kScanLinks;
+  std::sort(compLinks_.begin(), compLinks_.end());
+  remL_.resize(nLinks);
+  cntL_.resize(nLinks);
+  shareL_.resize(nLinks);
+  for (std::size_t j = 0; j < nLinks; ++j) {
+    const int l = compLinks_[j];
+    linkLocal_[l] = static_cast<int>(j);
+    remL_[j] = cap_[l];
+    cntL_[j] = static_cast<int>(linkFlows_[l].size());
+    shareL_[j] = remL_[j] / cntL_[j];
   }
-  std::sort(compFlows_.begin(), compFlows_.end(), [&](int a, int b) {
-    if (flows_[a].maxRate != flows_[b].maxRate) return flows_[a].maxRate < flows_[b].maxRate;
-    return a < b;
-  });
+  if (!scan) {
+    heap_.clear();
+    for (std::size_t j = 0; j < nLinks; ++j) heap_.emplace_back(shareL_[j], static_cast<int>(j));
+    std::make_heap(heap_.begin(), heap_.end(), std::greater<>());
+    isDirty_.assign(nLinks, 0);
+    dirty_.clear();
+  }
   for (int f : compFlows_) frozen_[f] = 0;
   std::size_t capIdx = 0;
   std::size_t left = compFlows_.size();
-  auto freeze = [&](int f, double rate) {
-    frozen_[f] = 1;
-    newRate_[f] = rate;
-    --left;
-    for (int l : connPath(flows_[f].conn)) {
-      if (linkStamp_[l] != stamp_) continue;
-      rem_[l] -= rate;
-      if (--cnt_[l] > 0) heap.push({std::max(0.0, rem_[l]) / cnt_[l], l});
-    }
-  };
   while (left > 0) {
     while (capIdx < compFlows_.size() && frozen_[compFlows_[capIdx]]) ++capIdx;
     double linkShare = kInf;
-    int link = -1;
-    while (!heap.empty()) {
-      auto [sh, l] = heap.top();
-      if (cnt_[l] <= 0 || sh != std::max(0.0, rem_[l]) / cnt_[l]) {
-        heap.pop();
-        continue;
+    int link = -1;  // local index
+    if (scan) {
+      // The least share, then its first (lowest id) link; shares are never -0 or NaN, so == finds it.
+      for (std::size_t j = 0; j < nLinks; ++j) linkShare = shareL_[j] < linkShare ? shareL_[j] : linkShare;
+      if (linkShare < kInf) {
+        link = 0;
+        while (shareL_[link] != linkShare) ++link;
       }
-      linkShare = sh;
-      link = l;
-      break;
+    } else {
+      // Lazy heap: every link whose share changed in the last round gets one entry with its new share; entries
+      // that no longer match their link's share are stale. The least valid entry is the least (share, link).
+      for (int j : dirty_) {
+        isDirty_[j] = 0;
+        if (cntL_[j] > 0) {
+          heap_.emplace_back(shareL_[j], j);
+          std::push_heap(heap_.begin(), heap_.end(), std::greater<>());
+        }
+      }
+      dirty_.clear();
+      while (!heap_.empty()) {
+        const auto [sh, j] = heap_.front();
+        if (cntL_[j] > 0 && sh == shareL_[j]) {
+          linkShare = sh;
+          link = j;
+          break;
+        }
+        std::pop_heap(heap_.begin(), heap_.end(), std::greater<>());
+        heap_.pop_back();
+      }
     }
     const double capShare = capIdx < compFlows_.size() ? flows_[compFlows_[capIdx]].maxRate : kInf;
     if (capShare <= linkShare) {
-      freeze(compFlows_[capIdx], capShare);
+      freeze(compFlows_[capIdx], capShare, scan);
+      --left;
     } else if (link >= 0) {
-      heap.pop();
-      for (int f : linkFlows_[link]) {
-        if (!frozen_[f]) freeze(f, linkShare);
+      for (int f : linkFlows_[compLinks_[link]]) {
+        if (frozen_[f]) continue;
+        freeze(f, linkShare, scan);
+        --left;
       }
     } else {
       break;  // cannot happen: every flow has a finite maxRate
     }
   }
   applyRates();
+}
+
+void Engine::freeze(int f, double rate, bool scan) {
+  frozen_[f] = 1;
+  newRate_[f] = rate;
+  for (int l : flowPath(f)) {
+    if (linkStamp_[l] != stamp_) continue;
+    const int j = linkLocal_[l];
+    remL_[j] -= rate;
+    shareL_[j] = --cntL_[j] > 0 ? std::max(0.0, remL_[j]) / cntL_[j] : kInf;
+    if (!scan && !isDirty_[j]) {  // one heap entry per changed link and round
+      isDirty_[j] = 1;
+      dirty_.push_back(j);
+    }
+  }
 }
 
 void Engine::applyRates() {
@@ -565,6 +720,8 @@ void Engine::startFlow(int inst) {
   Flow& fl = flows_[f];
   fl.inst = inst;
   fl.conn = si.conn;
+  fl.pathStart = conns_[si.conn].pathStart;
+  fl.pathLen = conns_[si.conn].pathLen;
   fl.wire = dataBytes(g) / eff_;
   fl.remaining = fl.wire;
   fl.rate = 0;
@@ -753,8 +910,7 @@ void Engine::simulateExact() {
   for (;;) {
     Event e;
     if (!q_.empty() && q_.top().time == now_) {
-      e = q_.top();
-      q_.pop();
+      e = q_.pop();
     } else if (nowHead_ < nowQ_.size()) {
       e = nowQ_[nowHead_++];
       if (nowHead_ == nowQ_.size()) {
@@ -762,8 +918,7 @@ void Engine::simulateExact() {
         nowHead_ = 0;
       }
     } else if (!q_.empty()) {
-      e = q_.top();
-      q_.pop();
+      e = q_.pop();
       now_ = e.time;
     } else {
       break;

@@ -67,8 +67,83 @@ dsl::Expr intExpr(std::int64_t v) {
   return e;
 }
 
-// Every program one edit away from `p`: one group operation's strategy swapped, the split changed, two adjacent
-// stages swapped. Most are plausible; the expander rejects the rest with a reason, which goes into the history.
+// Parts per block beyond this make steps too small to be worth their synchronisation.
+constexpr std::int64_t kMaxSplit = 64;
+
+dsl::Expr binary(const char* op, dsl::Expr a, dsl::Expr b) {
+  dsl::Expr e;
+  e.kind = dsl::ExprKind::Binary;
+  e.text = op;
+  e.args.push_back(std::move(a));
+  e.args.push_back(std::move(b));
+  return e;
+}
+
+dsl::Expr times(dsl::Expr a, std::int64_t k) {
+  if (a.kind == dsl::ExprKind::Int) return intExpr(a.value * k);
+  return binary("*", intExpr(k), std::move(a));
+}
+
+bool exprUses(const dsl::Expr& e, std::string_view name) {
+  if (e.kind == dsl::ExprKind::Name && e.text == name) return true;
+  return std::any_of(e.args.begin(), e.args.end(), [&](const dsl::Expr& a) { return exprUses(a, name); });
+}
+
+bool rangeUses(const dsl::Range& r, std::string_view name) {
+  return (r.hasBegin && exprUses(r.begin, name)) || exprUses(r.end, name);
+}
+
+bool usesName(const std::vector<Stmt>& body, std::string_view name) {
+  for (const Stmt& s : body) {
+    if (exprUses(s.value, name) || exprUses(s.anchor, name) || exprUses(s.target, name) || rangeUses(s.range, name) ||
+        exprUses(s.parts.one, name) || rangeUses(s.parts.range, name)) {
+      return true;
+    }
+    for (const dsl::Expr& e : s.blockArgs) {
+      if (exprUses(e, name)) return true;
+    }
+    for (const dsl::Expr& e : s.vias) {
+      if (exprUses(e, name)) return true;
+    }
+    for (const dsl::Expr& e : s.group.items) {
+      if (exprUses(e, name)) return true;
+    }
+    if (s.group.kind == dsl::GroupKind::Comprehension && rangeUses(s.group.range, name)) return true;
+    if (usesName(s.body, name) || usesName(s.elseBody, name)) return true;
+  }
+  return false;
+}
+
+bool selectsParts(const std::vector<Stmt>& body) {
+  for (const Stmt& s : body) {
+    if (s.parts.kind != dsl::PartSelector::Kind::All) return true;
+    if (selectsParts(s.body) || selectsParts(s.elseBody)) return true;
+  }
+  return false;
+}
+
+// part x -> parts k*x..k*x+k; parts a..b -> parts k*a..k*b.
+void refineParts(std::vector<Stmt>& body, std::int64_t k) {
+  for (Stmt& s : body) {
+    dsl::PartSelector& ps = s.parts;
+    if (ps.kind == dsl::PartSelector::Kind::One) {
+      ps.kind = dsl::PartSelector::Kind::Range;
+      ps.range.hasBegin = true;
+      ps.range.begin = times(ps.one, k);
+      ps.range.end = binary("+", times(ps.one, k), intExpr(k));
+      ps.one = dsl::Expr{};
+    } else if (ps.kind == dsl::PartSelector::Kind::Range) {
+      if (ps.range.hasBegin) ps.range.begin = times(std::move(ps.range.begin), k);
+      ps.range.end = times(std::move(ps.range.end), k);
+    }
+    refineParts(s.body, k);
+    refineParts(s.elseBody, k);
+  }
+}
+
+// Every program one edit away from `p`: one group operation's strategy swapped, the parts refined or coarsened,
+// two adjacent stages swapped. Most are plausible; the expander rejects the rest with a reason, which goes into the
+// history.
 std::vector<Mutant> neighbours(const Program& p) {
   std::vector<Mutant> out;
   {
@@ -87,31 +162,40 @@ std::vector<Mutant> neighbours(const Program& p) {
       }
     }
   }
-  // Split: a program without part selectors means the same with more parts, and finer chunks let the stages
-  // pipeline; one that selects parts by GPU index (split gpus) keeps its split.
-  auto split = std::find_if(p.body.begin(), p.body.end(), [](const Stmt& s) { return s.kind == StmtKind::Split; });
-  if (split == p.body.end()) {
+  // Refine: every part becomes k parts (split e -> split e*k, part x -> parts k*x..k*x+k), which means exactly the
+  // same data movement in finer chunks, so that stages can pipeline. Programs that compute with `parts` keep theirs.
+  if (!usesName(p.body, "parts")) {
     for (std::int64_t k : {2, 4}) {
       Program q = p;
-      Stmt s;
-      s.kind = StmtKind::Split;
-      s.value = intExpr(k);
-      q.body.insert(q.body.begin(), std::move(s));
-      out.push_back({std::move(q), fmt::format("split {}", k)});
-    }
-  } else if (split->value.kind == dsl::ExprKind::Int) {
-    const std::int64_t n = split->value.value;
-    for (std::int64_t k : {n * 2, n / 2}) {
-      if (k < 1 || k > 16 || k == n) continue;
-      Program q = p;
-      auto qs = q.body.begin() + (split - p.body.begin());
-      if (k == 1) {
-        q.body.erase(qs);
+      auto split = std::find_if(q.body.begin(), q.body.end(), [](const Stmt& s) { return s.kind == StmtKind::Split; });
+      if (split == q.body.end()) {
+        Stmt s;
+        s.kind = StmtKind::Split;
+        s.value = intExpr(k);
+        q.body.insert(q.body.begin(), std::move(s));
+      } else if (split->value.kind == dsl::ExprKind::Int) {
+        if (split->value.value * k > kMaxSplit) continue;
+        split->value = intExpr(split->value.value * k);
       } else {
-        qs->value = intExpr(k);
+        split->value = times(std::move(split->value), k);
       }
-      out.push_back({std::move(q), fmt::format("split {} -> {}", n, k)});
+      refineParts(q.body, k);
+      out.push_back({std::move(q), fmt::format("parts refined x{}", k)});
     }
+  }
+  // Coarsen a plain integer split that no statement selects from.
+  auto split = std::find_if(p.body.begin(), p.body.end(), [](const Stmt& s) { return s.kind == StmtKind::Split; });
+  if (split != p.body.end() && split->value.kind == dsl::ExprKind::Int && split->value.value > 1 &&
+      !selectsParts(p.body)) {
+    Program q = p;
+    auto qs = q.body.begin() + (split - p.body.begin());
+    const std::int64_t k = split->value.value / 2;
+    if (k <= 1) {
+      q.body.erase(qs);
+    } else {
+      qs->value = intExpr(k);
+    }
+    out.push_back({std::move(q), fmt::format("split {} -> {}", split->value.value, std::max<std::int64_t>(k, 1))});
   }
   for (std::size_t i = 0; i + 1 < p.body.size(); ++i) {
     auto stage = [](const Stmt& s) { return s.kind == StmtKind::For || s.kind == StmtKind::GroupOp; };

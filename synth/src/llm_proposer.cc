@@ -132,7 +132,7 @@ std::string systemMessage(const ProposalContext& context) {
       "Rules for your reply:\n"
       "- Reply with programs, each in its own fenced block that opens with ```ofl and closes with ```.\n"
       "- One program per block; no other code blocks.\n"
-      "- Every program is a `{}` program: its first line is `{} <name>`.\n"
+      "- Every program is for {}: its first line is `{} <name>`.\n"
       "- Give every new program a name that differs from the others in your reply and from the names already "
       "used; when you repair a rejected program, keep its name.\n"
       "- Write programs in terms of nodes, gpus, ranks and rails rather than fixed numbers where you can.\n"
@@ -154,8 +154,8 @@ Prompt makePrompt(const ProposalContext& context, const LlmProposerOptions& opti
   std::string sizes;
   for (std::uint64_t s : context.sizes) sizes += fmt::format("{}{}", sizes.empty() ? "" : ", ", core::formatSize(s));
   head += fmt::format(
-      "Collective: {} over all {} ranks. Message sizes: {} (the whole buffer, as nccl-tests counts it). Round {}.\n\n",
-      coll, context.topology.nRanks(), sizes.empty() ? std::string("(none given)") : sizes, context.round + 1);
+      "Collective: {} over all {} ranks. Message sizes: {} (the whole buffer, as nccl-tests counts it).\n\n", coll,
+      context.topology.nRanks(), sizes.empty() ? std::string("(none given)") : sizes);
 
   // The best per size; names and ratios stay even when the candidates' texts are cut for space.
   std::string best;
@@ -358,24 +358,40 @@ std::vector<Candidate> LlmProposer::propose(const ProposalContext& context) {
     return out;
   };
 
+  // A model that did not answer for a few rounds is asked again only every few rounds, so an unreachable
+  // endpoint does not cost its retries and backoff in every round.
+  if (unreachableRounds_ >= options_.silentRoundsBeforeBackoff && options_.reprobeEveryRounds > 0 &&
+      ++skippedRounds_ % options_.reprobeEveryRounds != 0) {
+    return useFallback(fmt::format("the model did not answer in {} round(s) in a row (asked again every {} rounds)",
+                                   unreachableRounds_, options_.reprobeEveryRounds));
+  }
+
   try {
-    const Prompt prompt = makePrompt(context, options_);
-    const ChatReply reply = client_.complete(prompt.messages);
+    Prompt prompt = makePrompt(context, options_);
+    ChatReply reply = client_.complete(prompt.messages);
     if (!reply.ok) {
-      ++consecutiveFailures_;
+      ++unreachableRounds_;
       return useFallback(fmt::format("no reply from the model ({})", reply.error));
     }
+    unreachableRounds_ = 0;
+    skippedRounds_ = 0;
     std::vector<std::string> programs = extractPrograms(reply.content);
     if (programs.empty()) {
-      ++consecutiveFailures_;
-      if (consecutiveFailures_ >= options_.failuresBeforeFallback) {
-        return useFallback(fmt::format("no program in the model's reply, {} round(s) in a row", consecutiveFailures_));
+      // One repair request in the same round: the model sees its reply and the rule it missed.
+      spdlog::warn("LLM proposer, round {}: no program in the model's reply ({} chars); asking once more",
+                   context.round + 1, reply.content.size());
+      prompt.messages.push_back({"assistant", reply.content.substr(0, 4096)});
+      prompt.messages.push_back(
+          {"user", fmt::format("Your reply held no program. Reply with up to {} programs, each in its own fenced "
+                               "block that opens with ```ofl and closes with ```, and nothing else.",
+                               std::max(1, context.maxCandidates))});
+      reply = client_.complete(prompt.messages);
+      if (reply.ok) programs = extractPrograms(reply.content);
+      if (programs.empty()) {
+        return useFallback(reply.ok ? std::string("no program in the model's reply, twice")
+                                    : fmt::format("no reply from the model ({})", reply.error));
       }
-      spdlog::warn("LLM proposer, round {}: no program in the model's reply ({} of {} failures before the fallback)",
-                   context.round + 1, consecutiveFailures_, options_.failuresBeforeFallback);
-      return {};
     }
-    consecutiveFailures_ = 0;
 
     std::vector<Candidate> out;
     for (std::string& text : programs) {
@@ -391,10 +407,8 @@ std::vector<Candidate> LlmProposer::propose(const ProposalContext& context) {
                  out.size());
     return out;
   } catch (const std::exception& e) {
-    ++consecutiveFailures_;
     return useFallback(fmt::format("internal error: {}", e.what()));
   } catch (...) {
-    ++consecutiveFailures_;
     return useFallback("internal error");
   }
 }

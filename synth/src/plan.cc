@@ -29,16 +29,34 @@ bool field(const nlohmann::json& j, const char* key, const std::string& path, T&
     error = fmt::format("{}{}: missing", path, key);
     return false;
   }
-  try {
-    out = it->get<T>();
-  } catch (const nlohmann::json::exception&) {
-    const char* kind = std::is_same_v<T, std::string> ? "a string"
-                       : std::is_same_v<T, bool>      ? "true or false"
-                                                      : "a number";
-    error = fmt::format("{}{}: expected {}", path, key, kind);
-    return false;
+  // get<T>() would truncate 4096.5 to 4096 and wrap -1 to 2^64-1: integers must be written as integers.
+  bool typed = true;
+  const char* kind = "a number";
+  if constexpr (std::is_same_v<T, std::string>) {
+    typed = it->is_string();
+    kind = "a string";
+  } else if constexpr (std::is_same_v<T, bool>) {
+    typed = it->is_boolean();
+    kind = "true or false";
+  } else if constexpr (std::is_unsigned_v<T>) {
+    typed = it->is_number_unsigned();
+    kind = "a non-negative integer";
+  } else if constexpr (std::is_integral_v<T>) {
+    typed = it->is_number_integer();
+    kind = "an integer";
+  } else {
+    typed = it->is_number();
   }
-  return true;
+  if (typed) {
+    try {
+      out = it->get<T>();
+      return true;
+    } catch (const nlohmann::json::exception&) {
+      // out of T's range
+    }
+  }
+  error = fmt::format("{}{}: expected {}", path, key, kind);
+  return false;
 }
 
 nlohmann::json nativeToJson(const NativeChoice& n) {

@@ -18,6 +18,7 @@ namespace {
 using llmtest::completionJson;
 using llmtest::FakeLlmServer;
 using llmtest::LogCapture;
+using llmtest::unusedPort;
 
 constexpr std::uint64_t kMiB = 1u << 20;
 
@@ -309,29 +310,62 @@ TEST_F(LlmProposerTest, FailedRequestFallsBackAtOnce) {
   EXPECT_NE(logs.text().find("HTTP 500"), std::string::npos) << logs.text();
 }
 
-TEST_F(LlmProposerTest, RepliesWithoutProgramsFallBackAfterConsecutiveFailures) {
+TEST_F(LlmProposerTest, AReplyWithoutProgramsIsRepairedOnceInTheSameRound) {
+  server_.onPost([](const httplib::Request& req, httplib::Response& res, int call) {
+    // The second request carries the model's first reply and the rule it missed.
+    const bool repair = req.body.find("held no program") != std::string::npos;
+    res.set_content(completionJson(call == 1 || !repair ? "Sure! Here is my idea in words."
+                                                        : "```ofl\nallgather fixed\n  allgather all by ring\n```"),
+                    "application/json");
+  });
+  LlmProposer proposer(LlmClient(config()), fallback_);
+  const ProposalContext context{topo_, core::Collective::AllGather, {kMiB}, 0, 8, history_, {}};
+  const std::vector<Candidate> got = proposer.propose(context);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].origin, "llm");
+  EXPECT_EQ(server_.calls(), 2);
+  EXPECT_EQ(fallback_.calls, 0);
+  const nlohmann::json second = nlohmann::json::parse(server_.seen().at(1).body);
+  const nlohmann::json& messages = second.at("messages");
+  ASSERT_GE(messages.size(), 4u);
+  EXPECT_EQ(messages[messages.size() - 2].at("role"), "assistant");
+  EXPECT_EQ(messages[messages.size() - 2].at("content"), "Sure! Here is my idea in words.");
+}
+
+TEST_F(LlmProposerTest, ARoundWithoutProgramsIsNeverEmpty) {
+  // An empty round would end the loop ("the proposer has nothing new"); the fallback proposes instead.
   reply("I am sorry, I cannot write programs in that language.");
   LogCapture logs;
-  LlmProposerOptions options;
-  options.failuresBeforeFallback = 2;
-  LlmProposer proposer(LlmClient(config()), fallback_, options);
+  LlmProposer proposer(LlmClient(config()), fallback_);
   const ProposalContext context{topo_, core::Collective::AllGather, {kMiB}, 0, 8, history_, {}};
-
-  EXPECT_TRUE(proposer.propose(context).empty()) << "the first failure only counts";
-  EXPECT_EQ(fallback_.calls, 0);
-  EXPECT_EQ(proposer.propose(context).size(), 3u) << "the second in a row falls back";
+  EXPECT_EQ(proposer.propose(context).size(), 3u);
+  EXPECT_EQ(server_.calls(), 2) << "the reply and one repair request";
   EXPECT_EQ(fallback_.calls, 1);
-  EXPECT_EQ(logs.countLines("using the fake proposer"), 1) << logs.text();
+  EXPECT_EQ(logs.countLines("no program in the model's reply, twice; using the fake proposer"), 1) << logs.text();
 
-  // A usable reply resets the count.
+  // A usable reply is used as it is.
   reply("```ofl\nallgather back\n  allgather all by ring\n```");
   const std::vector<Candidate> good = proposer.propose(context);
   ASSERT_EQ(good.size(), 1u);
   EXPECT_EQ(good[0].origin, "llm");
-  reply("Nothing today.");
-  EXPECT_TRUE(proposer.propose(context).empty());
+  EXPECT_EQ(server_.calls(), 3);
   EXPECT_EQ(fallback_.calls, 1);
-  EXPECT_EQ(server_.calls(), 4);
+}
+
+TEST_F(LlmProposerTest, AnUnreachableModelIsAskedOnlyEveryFewRounds) {
+  LlmConfig c = config();
+  c.baseUrl = fmt::format("http://127.0.0.1:{}/v1", unusedPort());
+  LlmProposerOptions options;
+  options.silentRoundsBeforeBackoff = 2;
+  options.reprobeEveryRounds = 3;
+  LogCapture logs;
+  LlmProposer proposer(LlmClient(c), fallback_, options);
+  const ProposalContext context{topo_, core::Collective::AllGather, {kMiB}, 0, 8, history_, {}};
+  for (int round = 0; round < 8; ++round) EXPECT_EQ(proposer.propose(context).size(), 3u) << round;
+  EXPECT_EQ(fallback_.calls, 8);
+  // Asked in rounds 1 and 2, then every third round: 5 and 8.
+  EXPECT_EQ(logs.countLines("no reply from the model"), 4) << logs.text();
+  EXPECT_EQ(logs.countLines("asked again every 3 rounds"), 4) << logs.text();
 }
 
 }  // namespace

@@ -2,12 +2,6 @@
 // client under test is the real one: requests go over a real socket to this server.
 #pragma once
 
-// llm_test reaches spdlog only through optiflow::synth; use the compiled library the way the library does, so the
-// test and the library share one registry (and one default logger).
-#ifndef SPDLOG_COMPILED_LIB
-#define SPDLOG_COMPILED_LIB
-#endif
-
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -64,8 +58,12 @@ class FakeLlmServer {
       }
     });
     port_ = server_.bind_to_any_port("127.0.0.1");
-    // The socket listens from here on, so requests made before the thread runs wait in the backlog.
     thread_ = std::thread([this] { server_.listen_after_bind(); });
+    // stop() is a no-op until the accept loop runs, so a test that makes no request would hang in teardown.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!server_.is_running() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
   ~FakeLlmServer() {
     stopping_ = true;

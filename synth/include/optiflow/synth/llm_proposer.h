@@ -17,7 +17,10 @@ namespace optiflow::synth {
 struct LlmProposerOptions {
   int maxFeedbackCandidates = 12;          // the most earlier candidates shown in one prompt (best and latest first)
   std::size_t maxPromptBytes = 96u << 10;  // feedback is cut (oldest first) to stay below this
-  int failuresBeforeFallback = 2;          // consecutive rounds without a usable reply before the fallback takes over
+  // A round without a usable program is proposed by the fallback. After this many rounds in a row in which the
+  // model did not answer at all, it is asked only every `reprobeEveryRounds` rounds (0: every round).
+  int silentRoundsBeforeBackoff = 2;
+  int reprobeEveryRounds = 4;
 };
 
 // The topology in a few lines: nodes, GPUs per node, NICs, link bandwidths and latencies.
@@ -38,7 +41,8 @@ class LlmProposer : public Proposer {
   LlmClient client_;
   Proposer& fallback_;
   LlmProposerOptions options_;
-  int consecutiveFailures_ = 0;
+  int unreachableRounds_ = 0;  // consecutive rounds in which the model did not answer
+  int skippedRounds_ = 0;      // rounds proposed by the fallback without asking, since the model last answered
 };
 
 }  // namespace optiflow::synth
