@@ -199,8 +199,10 @@ class Engine {
       : s_(s), net_(net), size_(size), p_(p) {}
 
   SimResult run();
+  double lowerBound();
 
  private:
+  std::string setUp();
   std::string prepare();
   void initLinks();
   void simulateExact();
@@ -944,18 +946,18 @@ void Engine::simulateExact() {
   }
 }
 
-SimResult Engine::run() {
+std::string Engine::setUp() {
   const core::Protocol proto = p_.protocol.value_or(s_.protocol);
   proto_ = protocolIndex(proto);
-  if (proto_ < 0 || proto_ > 2) return failure("unknown protocol", size_);
+  if (proto_ < 0 || proto_ > 2) return "unknown protocol";
   eff_ = p_.protocolEfficiency[proto_];
-  if (!(eff_ > 0 && eff_ <= 1)) return failure("SimParams::protocolEfficiency must be in (0, 1]", size_);
+  if (!(eff_ > 0 && eff_ <= 1)) return "SimParams::protocolEfficiency must be in (0, 1]";
   for (double e : p_.linkEfficiency) {
-    if (!(e > 0)) return failure("SimParams::linkEfficiency must be positive", size_);
+    if (!(e > 0)) return "SimParams::linkEfficiency must be positive";
   }
-  if (!(p_.iterationChunkBytes[proto_] > 0)) return failure("SimParams::iterationChunkBytes must be positive", size_);
+  if (!(p_.iterationChunkBytes[proto_] > 0)) return "SimParams::iterationChunkBytes must be positive";
   slice_ = std::max(0.0, p_.sliceBytes[proto_]);
-  if (std::string err = prepare(); !err.empty()) return failure(std::move(err), size_);
+  if (std::string err = prepare(); !err.empty()) return err;
 
   chunkBytes_ = static_cast<double>(size_) / s_.chunksPerLoop;
   const double iters = std::max(1.0, std::ceil(chunkBytes_ / p_.iterationChunkBytes[proto_]));
@@ -970,11 +972,16 @@ SimResult Engine::run() {
   t0_ = std::max(0.0, p_.launchUs) + std::max(0.0, p_.baseLatencyUs[proto_]);
 
   initLinks();
+  return {};
+}
+
+SimResult Engine::run() {
+  if (std::string err = setUp(); !err.empty()) return failure(std::move(err), size_);
   simulateExact();
 
   SimResult r;
   r.sizeBytes = size_;
-  r.protocol = proto;
+  r.protocol = p_.protocol.value_or(s_.protocol);
   r.chunkBytes = chunkBytes_;
   r.iterations = iterations_;
   r.simulatedIterations = exactIters_;
@@ -1092,6 +1099,38 @@ SimResult Engine::run() {
   return r;
 }
 
+double Engine::lowerBound() {
+  if (!setUp().empty()) return 0;
+  std::vector<double> bytes(cap_.size(), 0.0);
+  double chainFloor = t0_;
+  for (const BlockInfo& bi : blocks_) {
+    double chain = 0;
+    for (int g = bi.first; g < bi.first + bi.n; ++g) {
+      const StepInfo& si = steps_[g];
+      if (si.op == StepOp::Nop) continue;
+      chain += stepSync_[g];
+      if (isLocal(si.op)) {
+        chain += p_.localCopyGBps > 0 ? dataBytes(g) / (p_.localCopyGBps * 1e3) : 0;
+      } else if (sends(si.op) && si.conn >= 0) {
+        const double wire = dataBytes(g) / eff_;
+        double mx = p_.flowCapGBps[proto_] > 0 ? p_.flowCapGBps[proto_] * 1e3 / eff_ : kInf;
+        for (int l : connPath(si.conn)) {
+          mx = std::min(mx, cap_[l]);
+          bytes[l] += wire * static_cast<double>(iterations_);
+        }
+        if (mx < kInf) chain += wire / mx;
+      }
+    }
+    // Iterations of a block run one after another, and simulate() runs at least exactIters_ of them exactly.
+    chainFloor = std::max(chainFloor, t0_ + chain * exactIters_);
+  }
+  double linkFloor = t0_;
+  for (std::size_t l = 0; l < cap_.size(); ++l) {
+    if (cap_[l] > 0) linkFloor = std::max(linkFloor, t0_ + bytes[l] / cap_[l]);
+  }
+  return std::max(chainFloor, linkFloor);
+}
+
 }  // namespace
 
 SimResult simulate(const core::Schedule& schedule, const Network& network, std::uint64_t sizeBytes,
@@ -1111,6 +1150,15 @@ SimResult simulate(const core::Schedule& schedule, const Network& network, std::
     return failure("out of memory while simulating", sizeBytes);
   } catch (const std::exception& ex) {
     return failure(fmt::format("internal error: {}", ex.what()), sizeBytes);
+  }
+}
+
+double lowerBoundUs(const core::Schedule& schedule, const Network& network, std::uint64_t sizeBytes,
+                    const SimParams& params) {
+  try {
+    return Engine(schedule, network, sizeBytes, params).lowerBound();
+  } catch (const std::exception&) {
+    return 0;
   }
 }
 

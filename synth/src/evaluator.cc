@@ -33,19 +33,46 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
   }
   try {
     std::vector<compiler::CompileOptions> options = candidateOptions(intent, sizeBytes);
+    bool incumbentFirst = false;
     if (hint.first) {
       auto it = std::find_if(options.begin(), options.end(),
                              [&](const compiler::CompileOptions& o) { return sameOptions(o, *hint.first); });
-      if (it != options.end()) std::rotate(options.begin(), it, it + 1);
+      if (it != options.end()) {
+        std::rotate(options.begin(), it, it + 1);
+        incumbentFirst = true;
+      }
     }
+    // Compile every option and take each one's lower bound (one pass over its steps); simulate in order of the
+    // bounds, the incumbent's options first. An option whose bound is not below the best time found so far cannot
+    // win, and one whose bound is above the cutoff cannot come near the incumbent: neither is simulated.
+    struct Option {
+      std::size_t index;
+      compiler::CompileResult compiled;
+      double floorUs;
+    };
+    std::vector<Option> compiled;
     std::string firstError;
     for (std::size_t i = 0; i < options.size(); ++i) {
-      auto compiled = compiler::compile(intent, topology_, options[i]);
-      if (!compiled) {
-        if (firstError.empty()) firstError = compiled.error().message;
+      auto c = compiler::compile(intent, topology_, options[i]);
+      if (!c) {
+        if (firstError.empty()) firstError = c.error().message;
         continue;
       }
-      sim::SimResult r = sim::simulate(compiled->schedule, *network_, sizeBytes, params_);
+      const double floorUs = sim::lowerBoundUs(c->schedule, *network_, sizeBytes, params_);
+      compiled.push_back({i, std::move(c).value(), floorUs});
+    }
+    incumbentFirst = incumbentFirst && !compiled.empty() && compiled.front().index == 0;
+    std::stable_sort(compiled.begin() + (incumbentFirst ? 1 : 0), compiled.end(),
+                     [](const Option& a, const Option& b) { return a.floorUs < b.floorUs; });
+    const Option* lowest = nullptr;  // the option with the least bound among those screened by it
+    for (std::size_t k = 0; k < compiled.size(); ++k) {
+      Option& o = compiled[k];
+      if (best.ok && o.floorUs >= best.timeUs) continue;
+      if (hint.pruneAboveUs > 0 && o.floorUs > hint.pruneAboveUs) {
+        if (!lowest || o.floorUs < lowest->floorUs) lowest = &o;
+        continue;
+      }
+      sim::SimResult r = sim::simulate(o.compiled.schedule, *network_, sizeBytes, params_);
       if (!r.ok) {
         if (firstError.empty()) firstError = "simulator: " + r.error;
         continue;
@@ -53,14 +80,23 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
       if (!best.ok || r.timeUs < best.timeUs) {
         best.ok = true;
         best.timeUs = r.timeUs;
-        best.options = options[i];
-        best.compiled = std::move(compiled).value();
+        best.options = options[o.index];
+        best.compiled = std::move(o.compiled);
         best.sim = std::move(r);
       }
-      if (i == 0 && hint.first && hint.pruneAboveUs > 0 && best.ok && best.timeUs > hint.pruneAboveUs) {
+      if (k == 0 && incumbentFirst && hint.pruneAboveUs > 0 && best.timeUs > hint.pruneAboveUs) {
         best.screened = true;
         break;
       }
+    }
+    if (!best.ok && lowest) {
+      // Nothing was simulated: every option's bound alone was too slow. Report the least bound, marked as such.
+      best.ok = true;
+      best.screened = true;
+      best.boundOnly = true;
+      best.timeUs = lowest->floorUs;
+      best.options = options[lowest->index];
+      return best;
     }
     if (!best.ok) {
       best.error = firstError.empty() ? "no compile options apply" : firstError;

@@ -206,7 +206,7 @@ class Loop {
   // Returns whether the best improved by more than minGain.
   bool offer(int index, std::size_t s, Evaluation& e, SizeResult& sr) {
     SizeBest& sb = res_.sizes[s];
-    if (!e.ok) return false;
+    if (!e.ok || e.boundOnly) return false;
     if (e.timeUs < sb.boundUs * (1 - 1e-9)) {
       spdlog::error("BUG: candidate {} at {} is predicted at {:.2f} us, below the lower bound {:.2f} us", index,
                     core::formatSize(sb.sizeBytes), e.timeUs, sb.boundUs);
@@ -300,7 +300,9 @@ class Loop {
       sr.error = e.error;
       if (e.ok) {
         sr.timeUs = e.timeUs;
-        sr.config = configOf(e.options, e) + (e.screened ? " (screened)" : "");
+        sr.config = configOf(e.options, e) + (e.boundOnly  ? " (screened: time_us is its lower bound)"
+                                              : e.screened ? " (screened)"
+                                                           : "");
         sr.bottleneck = e.bottleneck;
       }
       const compiler::CompileOptions opts = e.options;
@@ -312,7 +314,7 @@ class Loop {
   }
 
   // A candidate whose incumbent options are this much slower than the best is not searched further at that size.
-  static constexpr double kScreenMargin = 1.25;
+  static constexpr double kScreenMargin = 1.10;
 
   const core::Topology& topo_;
   const SynthConfig& cfg_;

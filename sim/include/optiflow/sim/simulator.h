@@ -163,6 +163,14 @@ SimResult simulate(const core::Schedule& schedule, const Network& network, std::
 SimResult simulate(const core::Schedule& schedule, const core::Topology& topology, std::uint64_t sizeBytes,
                    const SimParams& params = {});
 
+// A lower bound on simulate()'s time for the same inputs, without running events: the larger of the busiest link's
+// bytes at its effective capacity and, per thread block, its steps back to back at their own fastest (per-step
+// synchronisation plus each transfer alone at its path's capacity) over the iterations simulate() always runs
+// exactly. Costs one pass over the steps; a search uses it to skip options that cannot win. 0 when the schedule is
+// malformed (simulate() says why).
+double lowerBoundUs(const core::Schedule& schedule, const Network& network, std::uint64_t sizeBytes,
+                    const SimParams& params = {});
+
 // {"size_bytes", "time_us", "algbw_gbps", "busbw_gbps", "protocol", "iterations", "extrapolated",
 //  "bottleneck": {"link", "utilisation", "bytes"}, "critical_path": [...] (last maxEntries steps)} or {"error"}.
 nlohmann::json simResultToJson(const SimResult& r, const Network& network, std::size_t maxCriticalEntries = 20);

@@ -20,8 +20,10 @@ namespace optiflow::synth {
 // near the incumbent's time: a candidate that is far slower with them is not worth the full search.
 struct EvalHint {
   std::optional<compiler::CompileOptions> first;  // tried first when it is among the candidate options
-  double pruneAboveUs = 0;  // > 0: stop after the first option when it is slower than this (Evaluation::screened)
-  bool verify = true;       // prove the winner (the loop proves only winners that become the best at a size)
+  // > 0: stop after the first option when it is slower than this, and never simulate an option whose lower bound
+  // (sim::lowerBoundUs) is above it (Evaluation::screened).
+  double pruneAboveUs = 0;
+  bool verify = true;  // prove the winner (the loop proves only winners that become the best at a size)
 };
 
 class Evaluator {
