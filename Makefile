@@ -22,34 +22,19 @@ build: configure
 test: build
 	@ctest --preset $(PRESET)
 
-# Until the synthesizer exists (issue 5), the demo runs the nearest real thing: the preset cluster, a ring
-# All-Gather for it proven by the verifier, run with real bytes by the reference executor and timed by the
-# simulator next to the lower bound and NCCL's own choice, and the verdicts on real MSCCL files.
+# The main job on the built-in default: synthesize All-Gather schedules for the preset dgx-a100x4 (4 nodes x 8 A100)
+# with the built-in proposer and the simulator, print the table (NCCL's choice, the best discovered schedule, the
+# speedup and the lower bound per size), then write the HTML report of the run. --force: each demo is a fresh run.
 demo: build
 	@mkdir -p $(DEMO_DIR)
-	@echo "== optiflow topo show dgx-a100x4"
-	@$(OPTIFLOW) topo show dgx-a100x4
+	@echo "== optiflow synthesize --topo dgx-a100x4 --coll allgather --out $(DEMO_DIR)/dgx-a100x4-allgather"
+	@$(OPTIFLOW) synthesize --topo dgx-a100x4 --coll allgather --out $(DEMO_DIR)/dgx-a100x4-allgather --force
 	@echo
-	@echo "== optiflow fixture --coll allgather --ranks 32 --channels 2 --format msccl-xml"
-	@$(OPTIFLOW) fixture --coll allgather --ranks 32 --channels 2 --format msccl-xml -o $(DEMO_DIR)/ring-ag-32.xml
-	@echo "wrote $(DEMO_DIR)/ring-ag-32.xml"
+	@echo "== optiflow report $(DEMO_DIR)/dgx-a100x4-allgather"
+	@$(OPTIFLOW) report $(DEMO_DIR)/dgx-a100x4-allgather
 	@echo
-	@echo "== optiflow verify $(DEMO_DIR)/ring-ag-32.xml"
-	@$(OPTIFLOW) verify $(DEMO_DIR)/ring-ag-32.xml
-	@echo
-	@echo "== optiflow check $(DEMO_DIR)/ring-ag-32.xml"
-	@$(OPTIFLOW) check $(DEMO_DIR)/ring-ag-32.xml
-	@echo
-	@echo "== optiflow simulate $(DEMO_DIR)/ring-ag-32.xml --topo dgx-a100x4 (with the lower bound beside each time)"
-	@$(OPTIFLOW) simulate $(DEMO_DIR)/ring-ag-32.xml --topo dgx-a100x4 --sizes 1KiB:1GiB:32
-	@echo
-	@echo "== optiflow baseline --topo dgx-a100x4 --coll allgather --simulate (NCCL's choice, its model and our simulator)"
-	@$(OPTIFLOW) baseline --topo dgx-a100x4 --coll allgather --sizes 1KiB:1GiB:32 --simulate
-	@echo
-	@echo "== optiflow verify on real MSCCL files (../shared/reference/msccl-samples)"
-	@if [ -d ../shared/reference/msccl-samples ]; then \
-	  for f in ../shared/reference/msccl-samples/*.xml; do $(OPTIFLOW) verify $$f | tail -n 1; done; \
-	else echo "(samples folder not present)"; fi
+	@echo "== optiflow verify $(DEMO_DIR)/dgx-a100x4-allgather/schedules/allgather-1MiB.xml (an exported MSCCL schedule)"
+	@$(OPTIFLOW) verify $(DEMO_DIR)/dgx-a100x4-allgather/schedules/allgather-1MiB.xml | tail -n 1
 
 # Google Benchmark micro-benchmarks (simulator scaling); medians of 3 repetitions.
 bench: build

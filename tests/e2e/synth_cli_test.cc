@@ -90,6 +90,28 @@ class SynthCli : public ::testing::Test {
   fs::path run_;
 };
 
+TEST_F(SynthCli, EveryExportedScheduleVerifiesAndChecks) {
+  // The run's schedules are what a user hands to MSCCL: each must pass the verifier and run right on the CPU,
+  // in both formats, independently of the process that wrote them.
+  const CliResult r = synthesize("--rounds 2 -q");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  int files = 0;
+  const json p = plan();
+  for (const json& entry : p.at("collectives").at(0).at("entries")) {
+    ASSERT_FALSE(entry.at("best").is_null()) << entry.dump();
+    for (const char* key : {"schedule_json", "schedule_xml"}) {
+      const fs::path f = run_ / entry.at("best").at(key).get<std::string>();
+      ASSERT_TRUE(fs::exists(f)) << f;
+      const CliResult v = run(fmt::format("verify {}", f.string()));
+      EXPECT_EQ(v.rc, 0) << f << "\n" << v.out << v.err;
+      const CliResult c = run(fmt::format("check {} --elements 64", f.string()));
+      EXPECT_EQ(c.rc, 0) << f << "\n" << c.out << c.err;
+      ++files;
+    }
+  }
+  EXPECT_EQ(files, 4);
+}
+
 TEST_F(SynthCli, SynthesizePrintsOneJsonRowPerSize) {
   const CliResult r = synthesize("--rounds 2 --json");
   ASSERT_EQ(r.rc, 0) << r.err;
