@@ -119,6 +119,20 @@ class Scheduler {
 
  private:
   int n() const { return in_.nRanks; }
+  // The channel of slice `j` of program chunk `chunk`. Up to one slice per channel, a chunk's slices travel side by
+  // side on different channels (schedule chunk c on channel c mod channels). With more slices than channels they
+  // travel one after another on one channel and the program chunks are spread over the channels instead, so the
+  // first slices of a chunk arrive (and can be forwarded) early rather than all slices at the end together.
+  int channelOf(int chunk, int j) const {
+    if (s_ <= ch_) return (chunk * s_ + j) % ch_;
+    if (ch_ == 1) return 0;
+    // The digit sum of the block in base `channels`, plus the part: blocks that a connection carries are often
+    // strided (the same GPU of every node: 8 apart), and a plain modulo would put them all on one channel.
+    const int parts = std::max(1, in_.parts);
+    int digits = 0;
+    for (int b = chunk / parts; b > 0; b /= ch_) digits += b % ch_;
+    return (digits + chunk % parts) % ch_;
+  }
   int share() const { return in_.parts * s_; }  // schedule chunks per block
   int chunksPerLoop() const {
     const Collective c = in_.collective;
@@ -405,7 +419,7 @@ bool Scheduler::build() {
         h.src = x.src;
         h.dst = x.via >= 0 ? x.via : x.dst;
         h.chunk = sc;
-        h.channel = sc % ch_;
+        h.channel = channelOf(x.chunk, j);
         const int hopId = static_cast<int>(hops_.size());
         const int op = newOp(x.src, OpKind::Send);
         ops_[op].hop = hopId;
@@ -1126,9 +1140,10 @@ core::Result<CompileResult> compile(const IntentProgram& intent, const Topology&
         }
         if (sch.maxBlockSteps() > lim.maxStepsPerBlock) {
           // More channels spread the chunks of every connection over more blocks (chunk c rides channel c mod
-          // channels); if that did not help last time, it will not now.
+          // channels); if that did not help last time, it will not now, unless the slices still ride one channel
+          // per chunk (more slices than channels), which stops once the channels catch up with the slices.
           const int need = std::min(lim.maxChannels, channels * ceilDiv(sch.maxBlockSteps(), lim.maxStepsPerBlock));
-          if (need <= channels || (lastSteps >= 0 && sch.maxBlockSteps() >= lastSteps)) {
+          if (need <= channels || (lastSteps >= 0 && sch.maxBlockSteps() >= lastSteps && slices <= channels)) {
             return fail(fmt::format(
                 "a thread block needs {} steps with {} channels; the executor allows {} steps per block and {} "
                 "channels: use fewer parts or a program with fewer hops per rank",

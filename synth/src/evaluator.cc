@@ -126,6 +126,10 @@ double SimEvaluator::timeNccl(const core::Schedule& schedule, std::uint64_t size
   return r.ok ? r.timeUs : 0;
 }
 
+double SimEvaluator::boundNccl(const core::Schedule& schedule, std::uint64_t sizeBytes, const sim::SimParams& params) {
+  return network_ ? sim::lowerBoundUs(schedule, *network_, sizeBytes, params) : 0;
+}
+
 Evaluation HardwareEvaluator::evaluate(const core::IntentProgram&, std::uint64_t, const EvalHint&) {
   Evaluation e;
   e.error =

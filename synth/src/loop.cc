@@ -34,6 +34,18 @@ NativeChoice nativeOf(const sim::NcclPrediction& p, double timeUs) {
   return {std::string(sim::toString(p.algorithm)), std::string(sim::toString(p.protocol)), p.channels, timeUs};
 }
 
+// The search for the best NCCL-native configuration skips schedules larger than this: on a thousand GPUs one ring
+// per channel is millions of steps, and a few such simulations would take longer than the whole synthesis.
+constexpr std::uint64_t kMaxSweepSteps = 2'000'000;
+
+std::uint64_t stepCount(const core::Schedule& s) {
+  std::uint64_t n = 0;
+  for (const auto& rank : s.ranks) {
+    for (const auto& tb : rank.threadBlocks) n += tb.steps.size();
+  }
+  return n;
+}
+
 // NCCL's own choice, and the fastest NCCL-native configuration (algorithm x protocol x channel count) timed by the
 // evaluator: what the tuner plugin would set. Only configurations NCCL's model allows (time >= 0) are tried.
 void baselines(const core::Topology& topo, const SynthConfig& cfg, Evaluator& ev, const sim::NcclTuning& tuning,
@@ -45,12 +57,20 @@ void baselines(const core::Topology& topo, const SynthConfig& cfg, Evaluator& ev
   }
   sim::NcclScheduleOptions base;
   base.root = cfg.root;
-  auto timeOf = [&](const sim::NcclPrediction& p) -> double {
+  int skipped = 0;
+  // 0 when there is no schedule, or when its lower bound shows it cannot beat `beat` (> 0).
+  auto timeOf = [&](const sim::NcclPrediction& p, double beat) -> double {
     auto s = sim::ncclScheduleFor(topo, cfg.collective, p, base);
     if (!s) return 0;
-    return ev.timeNccl(*s, sb.sizeBytes, sim::ncclSimParams(p, cfg.params.launchUs));
+    const sim::SimParams params = sim::ncclSimParams(p, cfg.params.launchUs);
+    if (beat > 0 && ev.boundNccl(*s, sb.sizeBytes, params) >= beat) return 0;
+    if (beat > 0 && stepCount(*s) > kMaxSweepSteps) {
+      ++skipped;
+      return 0;
+    }
+    return ev.timeNccl(*s, sb.sizeBytes, params);
   };
-  sb.nccl = nativeOf(pred, timeOf(pred));
+  sb.nccl = nativeOf(pred, timeOf(pred, 0));
   sb.bestNative = sb.nccl;
   const int maxChannels = std::max({tuning.commChannels, pred.channels, 1});
   for (int a = 0; a < sim::kNcclNumAlgos; ++a) {
@@ -62,10 +82,14 @@ void baselines(const core::Topology& topo, const SynthConfig& cfg, Evaluator& ev
         p.protocol = static_cast<sim::NcclProto>(pr);
         p.channels = ch;
         if (p.algorithm == pred.algorithm && p.protocol == pred.protocol && p.channels == pred.channels) continue;
-        const double t = timeOf(p);
+        const double t = timeOf(p, sb.bestNative.timeUs);
         if (t > 0 && (sb.bestNative.timeUs <= 0 || t < sb.bestNative.timeUs)) sb.bestNative = nativeOf(p, t);
       }
     }
+  }
+  if (skipped > 0) {
+    spdlog::info("NCCL-native search at {}: {} configuration(s) above {} steps not simulated (NCCL's own choice is)",
+                 core::formatSize(sb.sizeBytes), skipped, kMaxSweepSteps);
   }
 }
 
@@ -87,8 +111,18 @@ class Loop {
       sb.sizeBytes = cfg_.sizes[s];
       sb.boundUs = bounds.bound(cfg_.collective, sb.sizeBytes).timeUs;
       sb.effectiveBoundUs = effBounds.bound(cfg_.collective, sb.sizeBytes).timeUs;
-      baselines(topo_, cfg_, ev_, tuning, sb);
     }
+    // Baselines per size in parallel, largest first (they take longest): independent of the thread count.
+    parallelOverSizes([&](std::size_t s) {
+      try {
+        baselines(topo_, cfg_, ev_, tuning, res_.sizes[s]);
+      } catch (const std::exception& e) {  // out of memory on a huge cluster: the table says n/a, the run goes on
+        spdlog::error("NCCL baseline at {}: {}", core::formatSize(res_.sizes[s].sizeBytes), e.what());
+        res_.sizes[s].nccl = NativeChoice{};
+        res_.sizes[s].nccl.algorithm = "n/a";
+        res_.sizes[s].bestNative = res_.sizes[s].nccl;
+      }
+    });
     emit({ProgressEvent::Kind::Baselines});
     resume();
 
@@ -141,6 +175,21 @@ class Loop {
     if (!progress_) return;
     e.result = &res_;
     progress_(e);
+  }
+
+  // Runs fn(s) for every size on hardware_concurrency threads, largest size first.
+  void parallelOverSizes(const std::function<void(std::size_t)>& fn) const {
+    const std::size_t n = cfg_.sizes.size();
+    const unsigned threads =
+        std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), static_cast<unsigned>(n)));
+    std::atomic<std::size_t> next{0};
+    auto work = [&] {
+      for (std::size_t i; (i = next.fetch_add(1)) < n;) fn(n - 1 - i);
+    };
+    std::vector<std::thread> pool;
+    for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
+    work();
+    for (std::thread& t : pool) t.join();
   }
 
   bool outOfTime() const { return cfg_.timeBudgetS > 0 && secondsSince(start_) >= cfg_.timeBudgetS; }
@@ -273,19 +322,7 @@ class Loop {
     }
     // The sizes of one candidate in parallel: each depends only on the state before the candidate, so the result
     // does not depend on the thread count. Largest sizes first (they take longest).
-    const unsigned threads =
-        std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), static_cast<unsigned>(n)));
-    std::atomic<std::size_t> next{0};
-    auto work = [&] {
-      for (std::size_t i; (i = next.fetch_add(1)) < n;) {
-        const std::size_t s = n - 1 - i;
-        evals[s] = ev_.evaluate(*f.intent, cfg_.sizes[s], hints[s]);
-      }
-    };
-    std::vector<std::thread> pool;
-    for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
-    work();
-    for (std::thread& t : pool) t.join();
+    parallelOverSizes([&](std::size_t s) { evals[s] = ev_.evaluate(*f.intent, cfg_.sizes[s], hints[s]); });
 
     bool improved = false;
     rec.sizes.resize(n);

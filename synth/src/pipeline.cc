@@ -1,6 +1,7 @@
 #include "optiflow/synth/pipeline.h"
 
 #include <new>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -68,6 +69,21 @@ std::vector<compiler::CompileOptions> candidateOptions(const core::IntentProgram
       o.protocol = p;
       o.channels = ch;
       o.slices = ch;
+      o.verify = false;
+      out.push_back(o);
+    }
+  }
+  // Simple on large chunks also with more slices than channels: a chunk's slices then ride one channel one after
+  // another and the chunks are spread over the channels, so relays forward the first slices while the rest is on
+  // the way (with one slice per channel every slice of a chunk arrives at the end at once; docs/compiler.md).
+  if (chunk >= 8.0 * 1048576) {
+    for (auto [ch, sl] : {std::pair{4, 16}, std::pair{4, 32}}) {
+      if (intent.transfers.size() * sl > 32768) continue;  // keeps the search fast: at most 32 Ki hops
+      compiler::CompileOptions o;
+      o.sizeBytes = sizeBytes;
+      o.protocol = core::Protocol::Simple;
+      o.channels = ch;
+      o.slices = sl;
       o.verify = false;
       out.push_back(o);
     }

@@ -2,6 +2,9 @@
 // built directly so that every compiler path is reached independently of the front end).
 #include "optiflow/compiler/scheduler.h"
 
+#include <map>
+#include <set>
+
 #include <gtest/gtest.h>
 
 #include "optiflow/compiler/msccl_xml.h"
@@ -139,6 +142,39 @@ TEST(Compiler, HierarchicalAllGatherOnFourNodes) {
   EXPECT_EQ(res->schedule.nChannels, 4);
   EXPECT_EQ(res->schedule.chunksPerLoop, 32 * 4);
   EXPECT_TRUE(checkMscclLimits(res->schedule).empty());
+}
+
+TEST(Compiler, MoreSlicesThanChannelsKeepAChunkOnOneChannel) {
+  // With 8 slices over 4 channels, the slices of one program chunk ride one channel one after another (so a relay
+  // can forward the first ones early), and the chunks a connection carries are spread over the channels.
+  const auto t = topo("dgx-a100x4");
+  CompileOptions o;
+  o.sizeBytes = 1 << 30;
+  o.protocol = core::Protocol::Simple;
+  o.channels = 4;
+  o.slices = 8;
+  auto res = compile(hierAllGather(t), t, o);
+  ASSERT_TRUE(res.ok()) << res.error().str();
+  EXPECT_TRUE(res->report.proven);
+  EXPECT_EQ(res->schedule.nChannels, 4);
+  EXPECT_TRUE(checkMscclLimits(res->schedule).empty());
+  for (const auto& rp : res->schedule.ranks) {
+    std::map<int, std::set<int>> channelsOfChunk;  // program chunk -> channels it is received on
+    std::set<int> used;
+    for (const auto& tb : rp.threadBlocks) {
+      if (tb.recvPeer < 0) continue;
+      for (const auto& st : tb.steps) {
+        if (st.op == core::StepOp::Recv || st.op == core::StepOp::RecvCopySend) {
+          if (st.dstBuf != core::BufferKind::Output) continue;
+          channelsOfChunk[st.dstOff / 8].insert(tb.channel);
+          used.insert(tb.channel);
+        }
+      }
+    }
+    for (const auto& [chunk, chs] : channelsOfChunk)
+      EXPECT_EQ(chs.size(), 1u) << "rank " << rp.rank << " chunk " << chunk;
+    EXPECT_GE(used.size(), 2u) << "rank " << rp.rank;
+  }
 }
 
 TEST(Compiler, ReductionsAndExchanges) {

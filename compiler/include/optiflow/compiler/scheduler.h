@@ -36,8 +36,11 @@ struct CompileOptions {
   // The message size (nccl-tests convention) the schedule is tuned for; 0 = size-independent defaults.
   std::uint64_t sizeBytes = 0;
   std::optional<core::Protocol> protocol;  // unset: chosen from the size (docs/compiler.md)
-  int channels = 0;  // parallel copies of every connection (each carries its share of every chunk); 0 = choose
-  int slices = 0;    // every intent chunk is cut into this many schedule chunks (>= channels); 0 = choose
+  int channels = 0;                        // parallel copies of every connection; 0 = choose
+  // Every intent chunk is cut into this many schedule chunks; 0 = as many as channels. Up to one slice per
+  // channel, a chunk's slices ride different channels side by side; with more slices than channels they ride one
+  // channel one after another and the chunks are spread over the channels (docs/compiler.md).
+  int slices = 0;
   ExecutorLimits limits = ExecutorLimits::msccl();
   bool verify = true;  // run the verifier (turn off only in benchmarks of the compiler itself)
 };

@@ -36,6 +36,9 @@ class Evaluator {
   // Times NCCL's own algorithm (as a schedule) the same way, so that baselines and candidates are comparable;
   // 0 when the evaluator cannot run it.
   virtual double timeNccl(const core::Schedule& schedule, std::uint64_t sizeBytes, const sim::SimParams& params) = 0;
+  // A time timeNccl can never beat for this schedule (0: unknown), so that configurations that cannot win are
+  // not timed.
+  virtual double boundNccl(const core::Schedule&, std::uint64_t, const sim::SimParams&) { return 0; }
 };
 
 class SimEvaluator : public Evaluator {
@@ -44,6 +47,7 @@ class SimEvaluator : public Evaluator {
   std::string_view name() const override { return "simulator"; }
   Evaluation evaluate(const core::IntentProgram& intent, std::uint64_t sizeBytes, const EvalHint& hint) override;
   double timeNccl(const core::Schedule& schedule, std::uint64_t sizeBytes, const sim::SimParams& params) override;
+  double boundNccl(const core::Schedule& schedule, std::uint64_t sizeBytes, const sim::SimParams& params) override;
   const sim::SimParams& params() const { return params_; }
 
  private:
