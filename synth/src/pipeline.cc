@@ -1,6 +1,7 @@
 #include "optiflow/synth/pipeline.h"
 
 #include <new>
+#include <unordered_set>
 #include <utility>
 
 #include <fmt/format.h>
@@ -51,6 +52,24 @@ Frontend parseAndExpand(std::string_view text, std::string_view fileName, const 
   return f;
 }
 
+namespace {
+
+// Whether some rank sends on a chunk it received (a relay, a ring, a tree): only then can the slices of a chunk
+// that arrive first be forwarded while the rest is on the way.
+bool forwards(const core::IntentProgram& intent) {
+  std::unordered_set<std::uint64_t> received;
+  auto key = [](int chunk, int rank) {
+    return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(chunk)) << 32) | static_cast<std::uint32_t>(rank);
+  };
+  for (const core::Transfer& t : intent.transfers) {
+    if (t.via >= 0 || received.count(key(t.chunk, t.src)) > 0) return true;
+    received.insert(key(t.chunk, t.dst));
+  }
+  return false;
+}
+
+}  // namespace
+
 std::vector<compiler::CompileOptions> candidateOptions(const core::IntentProgram& intent, std::uint64_t sizeBytes) {
   int bufferChunks = intent.nChunks();
   if (intent.collective == core::Collective::AllToAll) bufferChunks /= std::max(intent.nRanks, 1);
@@ -64,6 +83,9 @@ std::vector<compiler::CompileOptions> candidateOptions(const core::IntentProgram
   for (core::Protocol p : protocols) {
     for (int ch : {1, 2, 4}) {
       if (ch == 4 && (p != core::Protocol::Simple || chunk < 4.0 * 1048576)) continue;
+      // Below 2 KiB a chunk's wire time is under a hop's latency: a second channel only doubles the steps (the
+      // compiler still adds channels when a block would have too many).
+      if (ch == 2 && p == core::Protocol::LL && chunk < 2048) continue;
       compiler::CompileOptions o;
       o.sizeBytes = sizeBytes;
       o.protocol = p;
@@ -76,7 +98,7 @@ std::vector<compiler::CompileOptions> candidateOptions(const core::IntentProgram
   // Simple on large chunks also with more slices than channels: a chunk's slices then ride one channel one after
   // another and the chunks are spread over the channels, so relays forward the first slices while the rest is on
   // the way (with one slice per channel every slice of a chunk arrives at the end at once; docs/compiler.md).
-  if (chunk >= 8.0 * 1048576) {
+  if (chunk >= 8.0 * 1048576 && forwards(intent)) {
     for (auto [ch, sl] : {std::pair{4, 16}, std::pair{4, 32}}) {
       if (intent.transfers.size() * sl > 32768) continue;  // keeps the search fast: at most 32 Ki hops
       compiler::CompileOptions o;
