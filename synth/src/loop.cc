@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "optiflow/core/schedule.h"
 #include "optiflow/core/units.h"
 #include "optiflow/dsl/parser.h"
 #include "optiflow/sim/bounds.h"
@@ -38,14 +39,6 @@ NativeChoice nativeOf(const sim::NcclPrediction& p, double timeUs) {
 // per channel is millions of steps, and a few such simulations would take longer than the whole synthesis.
 constexpr std::uint64_t kMaxSweepSteps = 2'000'000;
 
-std::uint64_t stepCount(const core::Schedule& s) {
-  std::uint64_t n = 0;
-  for (const auto& rank : s.ranks) {
-    for (const auto& tb : rank.threadBlocks) n += tb.steps.size();
-  }
-  return n;
-}
-
 // NCCL's own choice, and the fastest NCCL-native configuration (algorithm x protocol x channel count) timed by the
 // evaluator: what the tuner plugin would set. Only configurations NCCL's model allows (time >= 0) are tried.
 void baselines(const core::Topology& topo, const SynthConfig& cfg, Evaluator& ev, const sim::NcclTuning& tuning,
@@ -64,7 +57,7 @@ void baselines(const core::Topology& topo, const SynthConfig& cfg, Evaluator& ev
     if (!s) return 0;
     const sim::SimParams params = sim::ncclSimParams(p, cfg.params.launchUs);
     if (beat > 0 && ev.boundNccl(*s, sb.sizeBytes, params) >= beat) return 0;
-    if (beat > 0 && stepCount(*s) > kMaxSweepSteps) {
+    if (beat > 0 && core::totalSteps(*s) > kMaxSweepSteps) {
       ++skipped;
       return 0;
     }
