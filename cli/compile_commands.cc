@@ -13,6 +13,7 @@
 #include "optiflow/sim/bounds.h"
 #include "optiflow/sim/nccl_model.h"
 #include "optiflow/sim/nccl_schedules.h"
+#include "optiflow/synth/evaluator.h"
 #include "optiflow/synth/pipeline.h"
 
 namespace optiflow::cli {

@@ -130,6 +130,11 @@ double SimEvaluator::boundNccl(const core::Schedule& schedule, std::uint64_t siz
   return network_ ? sim::lowerBoundUs(schedule, *network_, sizeBytes, params) : 0;
 }
 
+Evaluation evaluateBest(const core::IntentProgram& intent, const core::Topology& topology, std::uint64_t sizeBytes,
+                        const sim::SimParams& params) {
+  return SimEvaluator(topology, params).evaluate(intent, sizeBytes, EvalHint{});
+}
+
 Evaluation HardwareEvaluator::evaluate(const core::IntentProgram&, std::uint64_t, const EvalHint&) {
   Evaluation e;
   e.error =

@@ -131,46 +131,4 @@ void prove(Evaluation& e) {
   e.proven = true;
 }
 
-Evaluation evaluateBest(const core::IntentProgram& intent, const core::Topology& topology, std::uint64_t sizeBytes,
-                        const sim::SimParams& params) {
-  Evaluation best;
-  std::string firstError;
-  try {
-    auto net = sim::Network::build(topology);
-    if (!net) {
-      best.error = net.error().str();
-      return best;
-    }
-    for (const compiler::CompileOptions& o : candidateOptions(intent, sizeBytes)) {
-      auto compiled = compiler::compile(intent, topology, o);
-      if (!compiled) {
-        if (firstError.empty()) firstError = compiled.error().message;
-        continue;
-      }
-      sim::SimResult r = sim::simulate(compiled->schedule, *net, sizeBytes, params);
-      if (!r.ok) {
-        if (firstError.empty()) firstError = "simulator: " + r.error;
-        continue;
-      }
-      if (!best.ok || r.timeUs < best.timeUs) {
-        best.ok = true;
-        best.timeUs = r.timeUs;
-        best.options = o;
-        best.compiled = std::move(compiled).value();
-        best.sim = std::move(r);
-      }
-    }
-    if (!best.ok) {
-      best.error = firstError.empty() ? "no candidate compiled" : firstError;
-      return best;
-    }
-    // Only the winner is worth proving; an unproven winner is a compiler bug and is reported as such.
-    prove(best);
-  } catch (const std::bad_alloc&) {
-    best.ok = false;
-    best.error = "out of memory";
-  }
-  return best;
-}
-
 }  // namespace optiflow::synth

@@ -57,6 +57,11 @@ class SimEvaluator : public Evaluator {
   std::string networkError_;
 };
 
+// The fastest schedule of `intent` at `sizeBytes` over every candidate option, verified: a SimEvaluator's
+// evaluation without hints, for one-off use (it builds the network each call).
+Evaluation evaluateBest(const core::IntentProgram& intent, const core::Topology& topology, std::uint64_t sizeBytes,
+                        const sim::SimParams& params = {});
+
 // Where a measurement on real GPUs goes (an MSCCL-enabled NCCL or MSCCL++ running the exported schedule): not
 // built in yet, so every evaluation fails with a message saying so.
 class HardwareEvaluator : public Evaluator {

@@ -56,9 +56,4 @@ struct Evaluation {
 // verifier's first error, as a compiler bug.
 void prove(Evaluation& e);
 
-// Compiles `intent` with every candidate option for `sizeBytes`, simulates each, and keeps the fastest; the winner
-// is verified (the others are not: they are discarded). `params` are the simulator's.
-Evaluation evaluateBest(const core::IntentProgram& intent, const core::Topology& topology, std::uint64_t sizeBytes,
-                        const sim::SimParams& params = {});
-
 }  // namespace optiflow::synth
