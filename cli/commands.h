@@ -73,6 +73,18 @@ struct ReportArgs {
   std::string output;  // empty: DIR/report.html
 };
 
+// `optiflow cache publish|show|verify|clear`: the per-node schedule cache (/dev/shm/optiflow-<namespace>) the NCCL
+// tuner plugin reads.
+struct CacheArgs {
+  std::string ns;         // empty: $OPTIFLOW_NAMESPACE, else "default"
+  std::string planDir;    // publish: run directory of `optiflow synthesize`
+  std::string group;      // publish: group that may read the segment (mode 0660); empty: owner only (0600)
+  bool noVerify = false;  // publish: skip proving the referenced schedules
+  bool json = false;      // show
+  bool remove = false;    // clear: delete the segment
+  bool force = false;     // clear --remove: even with communicators initialised in the last kPinAdoptWindowS
+};
+
 int runCompile(const CompileArgs& args);
 int runCompare(const CompareArgs& args);
 int runSynthesize(const SynthArgs& args);
@@ -80,5 +92,9 @@ int runReport(const ReportArgs& args);
 int runSimulate(const std::string& scheduleFile, const PerfArgs& args);
 int runBound(const PerfArgs& args);
 int runBaseline(const PerfArgs& args);
+int runCachePublish(const CacheArgs& args);
+int runCacheShow(const CacheArgs& args);
+int runCacheVerify(const CacheArgs& args);
+int runCacheClear(const CacheArgs& args);
 
 }  // namespace optiflow::cli

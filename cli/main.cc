@@ -359,6 +359,36 @@ int main(int argc, char** argv) {
   report->add_option("-o,--output", rep.output, "Output file (default: DIR/report.html)");
   report->callback([&] { rc = optiflow::cli::runReport(rep); });
 
+  optiflow::cli::CacheArgs cache;
+  auto* cacheCmd =
+      app.add_subcommand("cache", "The node's schedule cache the NCCL tuner plugin reads (/dev/shm/optiflow-NS)");
+  cacheCmd->require_subcommand(1);
+  auto addNamespace = [&cache](CLI::App* cmd) {
+    cmd->add_option("--namespace", cache.ns, "Cache namespace (default: $OPTIFLOW_NAMESPACE, else \"default\")");
+  };
+  auto* cachePublish = cacheCmd->add_subcommand(
+      "publish", "Prove a run directory's schedules and make its plan the current one for new communicators");
+  cachePublish->add_option("plan_dir", cache.planDir, "Run directory of optiflow synthesize (holds plan.json)")
+      ->required();
+  addNamespace(cachePublish);
+  cachePublish->add_option("--group", cache.group, "Group that may read the cache (mode 0660; default: owner only)");
+  cachePublish->add_flag("--no-verify", cache.noVerify, "Do not prove the referenced schedule files");
+  cachePublish->callback([&] { rc = optiflow::cli::runCachePublish(cache); });
+  auto* cacheShow = cacheCmd->add_subcommand("show", "The cache: plans, pinned communicators, activity, decisions");
+  addNamespace(cacheShow);
+  cacheShow->add_flag("--json", cache.json, "Print one JSON object");
+  cacheShow->callback([&] { rc = optiflow::cli::runCacheShow(cache); });
+  auto* cacheVerify =
+      cacheCmd->add_subcommand("verify", "Check the cache's slots and prove the current plan's schedule files");
+  addNamespace(cacheVerify);
+  cacheVerify->callback([&] { rc = optiflow::cli::runCacheVerify(cache); });
+  auto* cacheClear = cacheCmd->add_subcommand("clear", "Make no plan current (new communicators get NCCL's choices)");
+  addNamespace(cacheClear);
+  cacheClear->add_flag("--remove", cache.remove, "Delete the cache segment instead");
+  cacheClear->add_flag("--force", cache.force,
+                       "With --remove: delete it even if communicators initialised with it in the last 10 minutes");
+  cacheClear->callback([&] { rc = optiflow::cli::runCacheClear(cache); });
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

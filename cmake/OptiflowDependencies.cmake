@@ -7,6 +7,9 @@ find_package(CLI11 CONFIG REQUIRED)
 find_package(pugixml CONFIG REQUIRED)
 find_package(CURL REQUIRED)
 pkg_check_modules(tomlplusplus REQUIRED IMPORTED_TARGET tomlplusplus)
+# Boost.Interprocess (shared-memory segment) and Boost.CRC: header-only.
+find_package(Boost 1.74 CONFIG REQUIRED COMPONENTS headers)
+find_package(Threads REQUIRED)
 
 if(OPTIFLOW_BUILD_TESTS)
   # cpp-httplib: the OpenAI-compatible test server the LLM client tests talk to.

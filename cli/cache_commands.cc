@@ -1,0 +1,526 @@
+// `optiflow cache publish|show|verify|clear`: the node's schedule cache (/dev/shm/optiflow-<namespace>), which the
+// NCCL tuner plugin reads when a communicator is created. Publishing proves every schedule a plan references first,
+// so nothing unproven reaches a training job.
+#include <fcntl.h>
+#include <grp.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "optiflow/core/units.h"
+#include "optiflow/schedcache/error.h"
+#include "optiflow/schedcache/layout.h"
+#include "optiflow/schedcache/plan.h"
+#include "optiflow/schedcache/reader.h"
+#include "optiflow/schedcache/writer.h"
+#include "optiflow/synth/cache_plan.h"
+
+namespace optiflow::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace sc = optiflow::schedcache;
+using nlohmann::json;
+
+// --namespace, else $OPTIFLOW_NAMESPACE (what the plugins read), else "default"; nullopt (reported) when invalid.
+std::optional<std::string> resolveNamespace(const CacheArgs& args) {
+  std::string ns = args.ns;
+  const char* from = "--namespace";
+  if (ns.empty()) {
+    const char* env = std::getenv("OPTIFLOW_NAMESPACE");
+    if (env != nullptr && *env != '\0') {
+      ns = env;
+      from = "$OPTIFLOW_NAMESPACE";
+    } else {
+      ns = "default";
+    }
+  }
+  if (!sc::validNamespace(ns)) {
+    fmt::print(stderr,
+               "optiflow: invalid namespace \"{}\" (from {}): expected 1 to 64 characters of A-Z a-z 0-9 _ . -\n", ns,
+               from);
+    return std::nullopt;
+  }
+  return ns;
+}
+
+std::string absentMessage(const std::string& ns) {
+  return fmt::format("no schedule cache for namespace {} ({}): publish a plan with `optiflow cache publish PLAN_DIR`",
+                     ns, sc::segmentPath(ns));
+}
+
+// The library's message, with the way out for a segment that is ours but unusable.
+std::string errorText(const sc::Error& e, const std::string& ns) {
+  std::string text = e.message.empty() ? std::string(sc::toString(e.status)) : e.message;
+  switch (e.status) {
+    case sc::Status::kBadPermissions:
+    case sc::Status::kBadMagic:
+    case sc::Status::kBadVersion:
+    case sc::Status::kBadSize:
+    case sc::Status::kBadHeader:
+      text += fmt::format(" (`optiflow cache clear --remove --namespace {}` deletes it)", ns);
+      break;
+    default:
+      break;
+  }
+  return text;
+}
+
+// nullptr (reported on stderr) when the segment is absent or fails Reader::attach's checks.
+std::unique_ptr<sc::Reader> attachOrReport(const std::string& ns) {
+  sc::Error error;
+  std::unique_ptr<sc::Reader> reader = sc::Reader::attach(ns, &error);
+  if (!reader) {
+    fmt::print(stderr, "optiflow: {}\n",
+               error.status == sc::Status::kAbsent ? absentMessage(ns) : errorText(error, ns));
+  }
+  return reader;
+}
+
+// The optiflow version that created the segment. Reader has no accessor for it; the header is immutable after
+// creation and Reader::attach has just checked it, so reading it from the file is safe.
+std::string segmentBuild(const std::string& ns) {
+  const int fd = ::open(sc::segmentPath(ns).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  sc::SegmentHeader header{};
+  const ssize_t n = ::pread(fd, &header, sizeof header, 0);
+  ::close(fd);
+  if (n != static_cast<ssize_t>(sizeof header)) return {};
+  return std::string(header.writerBuild, ::strnlen(header.writerBuild, sizeof header.writerBuild));
+}
+
+std::string formatTime(std::int64_t ns) {
+  const std::time_t t = static_cast<std::time_t>(ns / 1'000'000'000);
+  std::tm tm{};
+  if (::localtime_r(&t, &tm) == nullptr) return "?";
+  char buf[32];
+  return std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm) > 0 ? std::string(buf) : std::string("?");
+}
+
+std::int64_t nowNs() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+// [min, max] inclusive, shown as the half-open range people read: "[4KiB, 1MiB)", "[1MiB, inf)".
+std::string sizeRange(std::uint64_t minBytes, std::uint64_t maxBytes) {
+  const std::string end =
+      maxBytes == std::numeric_limits<std::uint64_t>::max() ? std::string("inf") : core::formatSize(maxBytes + 1);
+  return fmt::format("[{}, {})", core::formatSize(minBytes), end);
+}
+
+std::string decisionText(const sc::PlanItem& item) {
+  if (item.algorithm == sc::Algorithm::kNone) return "NCCL decides";
+  return fmt::format(
+      "{}/{}/{}", sc::toString(item.algorithm),
+      item.protocol == sc::Protocol::kNone ? std::string("any") : std::string(sc::toString(item.protocol)),
+      item.nChannels == 0 ? std::string("auto") : fmt::format("{}ch", item.nChannels));
+}
+
+// The segment keeps kSourceBytes - 1 bytes of the source; a source of that length was most likely cut.
+std::string sourceText(const std::string& source) {
+  return source.size() >= sc::kSourceBytes - 1 ? source + "..." : source;
+}
+
+std::string usText(float us) { return us > 0 ? fmt::format("{:.2f}", us) : std::string("-"); }
+
+std::string pinPlanText(std::uint64_t hash) {
+  if (hash == sc::kPinPending) return "pending";
+  if (hash == sc::kPinNoPlan) return "none";
+  return sc::formatHash(hash);
+}
+
+// The float as printed (9.207467), not its double expansion (9.207467079162598).
+double shortest(float v) { return std::stod(fmt::format("{}", v)); }
+
+json planInfoJson(const sc::PlanInfo& p) {
+  return {{"slot", p.slot},
+          {"hash", sc::formatHash(p.contentHash)},
+          {"generation", p.generation},
+          {"published_ns", p.publishedNs},
+          {"published", formatTime(p.publishedNs)},
+          {"entries", p.entryCount},
+          {"source", p.source},
+          {"current", p.current}};
+}
+
+json itemJson(const sc::PlanItem& it) {
+  const bool decided = it.algorithm != sc::Algorithm::kNone;
+  return {{"collective", std::string(sc::toString(it.coll))},
+          {"ranks", it.nRanks},
+          {"nodes", it.nNodes},
+          {"min_bytes", it.minBytes},
+          {"max_bytes", it.maxBytes},
+          {"algorithm", decided ? json(std::string(sc::toString(it.algorithm))) : json(nullptr)},
+          {"protocol", decided && it.protocol != sc::Protocol::kNone ? json(std::string(sc::toString(it.protocol)))
+                                                                     : json(nullptr)},
+          {"channels", it.nChannels},
+          {"chunk_bytes", it.chunkBytes},
+          {"native_us", shortest(it.nativeUs)},
+          {"nccl_us", shortest(it.ncclUs)},
+          {"best_us", shortest(it.bestUs)},
+          {"bound_us", shortest(it.boundUs)},
+          {"schedule_id", it.scheduleId != 0 ? json(sc::formatHash(it.scheduleId)) : json(nullptr)},
+          {"schedule_json", it.jsonPath.empty() ? json(nullptr) : json(it.jsonPath)},
+          {"schedule_xml", it.xmlPath.empty() ? json(nullptr) : json(it.xmlPath)}};
+}
+
+std::optional<std::string> readBytes(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return std::move(ss).str();
+}
+
+void sortItems(std::vector<sc::PlanItem>& items) {
+  std::stable_sort(items.begin(), items.end(), [](const sc::PlanItem& a, const sc::PlanItem& b) {
+    return std::tuple(a.coll, a.nRanks, a.nNodes, a.minBytes) < std::tuple(b.coll, b.nRanks, b.nNodes, b.minBytes);
+  });
+}
+
+}  // namespace
+
+int runCachePublish(const CacheArgs& args) {
+  const std::optional<std::string> ns = resolveNamespace(args);
+  if (!ns) return kExitBadInput;
+  sc::WriterOptions options;
+  options.ns = *ns;
+  options.build = OPTIFLOW_VERSION;
+  if (!args.group.empty()) {
+    const group* g = ::getgrnam(args.group.c_str());
+    if (g == nullptr) {
+      fmt::print(stderr, "optiflow: unknown group \"{}\" (--group): expected a group of this host (getent group)\n",
+                 args.group);
+      return kExitBadInput;
+    }
+    options.group = g->gr_gid;
+  }
+  const std::string segment = sc::segmentPath(*ns);
+
+  // Everything is loaded and proven before the segment is touched: a refused plan publishes nothing.
+  core::Result<sc::Plan> plan = synth::loadPlanForCache(args.planDir, !args.noVerify);
+  if (!plan) {
+    fmt::print(stderr, "optiflow: {}\n", plan.error().str());
+    fmt::print(stderr, "optiflow: nothing was published into {}\n", segment);
+    // A bad plan.json is bad input; a referenced schedule that is missing or not proven is a wrong schedule.
+    return plan.error().file == synth::planFileFor(args.planDir).string() ? kExitBadInput : kExitFailed;
+  }
+
+  sc::Error error;
+  std::unique_ptr<sc::Writer> writer = sc::Writer::open(options, &error);
+  if (!writer) {
+    fmt::print(stderr, "optiflow: {}\n", errorText(error, *ns));
+    return error.status == sc::Status::kBadNamespace ? kExitBadInput : kExitFailed;
+  }
+  const std::optional<sc::PublishResult> published = writer->publish(*plan, &error);
+  if (!published) {
+    fmt::print(stderr, "optiflow: {}\n", errorText(error, *ns));
+    fmt::print(stderr, "optiflow: nothing was published into {}\n", segment);
+    return kExitFailed;
+  }
+  if (published->unchanged) {
+    fmt::print("plan {} is already current in {} (generation {})\n", sc::formatHash(published->hash), segment,
+               published->generation);
+  } else {
+    fmt::print("published plan {} ({} entries, slot {}, generation {}) from {} into {}\n",
+               sc::formatHash(published->hash), plan->items.size(), published->slot, published->generation,
+               plan->source, segment);
+  }
+  return kExitOk;
+}
+
+// `show --json` prints one object:
+//   namespace, segment (path), build (optiflow version that created the segment), generation,
+//   current: null | {slot, hash, generation, published_ns, published (local time), entries, source, current},
+//   plans: [same as current, one per valid slot],
+//   pins: [{comm_id (16 hex digits), plan (hash, "pending" or "none"), ranks, nodes, age_s}],
+//   activity: [{collective, bucket (k: sizes in [2^k, 2^(k+1))), size ("2^k"), calls}], non-zero counters only,
+//   entries: [{collective, ranks, nodes, min_bytes, max_bytes (inclusive), algorithm, protocol (null: NCCL
+//              decides), channels, chunk_bytes (0: NCCL decides), native_us, nccl_us, best_us, bound_us,
+//              schedule_id, schedule_json, schedule_xml (null: no synthesized schedule)}] of the current plan,
+//   problems: [what could not be read].
+int runCacheShow(const CacheArgs& args) {
+  const std::optional<std::string> ns = resolveNamespace(args);
+  if (!ns) return kExitBadInput;
+  const std::unique_ptr<sc::Reader> reader = attachOrReport(*ns);
+  if (!reader) return kExitFailed;
+
+  const std::string segment = sc::segmentPath(*ns);
+  const std::string build = segmentBuild(*ns);
+  const std::uint64_t generation = reader->generation();
+  std::vector<std::string> problems;
+  sc::PlanInfo current;
+  const sc::Status currentStatus = reader->current(&current);
+  if (currentStatus != sc::Status::kOk && currentStatus != sc::Status::kNoPlan) {
+    problems.push_back(fmt::format("the current plan cannot be read: {}", sc::toString(currentStatus)));
+  }
+  const std::vector<sc::PlanInfo> plans = reader->plans();
+  std::vector<sc::CommPin> pins;
+  for (const sc::CommPin& p : reader->pins()) {
+    if (p.commId != 0) pins.push_back(p);
+  }
+  const sc::Activity activity = reader->activity();
+  sc::Plan plan;
+  if (currentStatus == sc::Status::kOk) {
+    sc::PlanInfo info;
+    std::string detail;
+    const sc::Status s = reader->loadPlan(current.contentHash, &plan, &info, &detail);
+    if (s != sc::Status::kOk) {
+      problems.push_back(fmt::format("plan {} cannot be read: {}{}{}", sc::formatHash(current.contentHash),
+                                     sc::toString(s), detail.empty() ? "" : ": ", detail));
+      plan.items.clear();
+    }
+  }
+  sortItems(plan.items);
+  const std::int64_t now = nowNs();
+
+  if (args.json) {
+    json j;
+    j["namespace"] = *ns;
+    j["segment"] = segment;
+    j["build"] = build;
+    j["generation"] = generation;
+    j["current"] = currentStatus == sc::Status::kOk ? planInfoJson(current) : json(nullptr);
+    j["plans"] = json::array();
+    for (const sc::PlanInfo& p : plans) j["plans"].push_back(planInfoJson(p));
+    j["pins"] = json::array();
+    for (const sc::CommPin& p : pins) {
+      j["pins"].push_back({{"comm_id", fmt::format("{:016x}", p.commId)},
+                           {"plan", pinPlanText(p.planHash)},
+                           {"ranks", p.nRanks},
+                           {"nodes", p.nNodes},
+                           {"age_s", static_cast<double>(now - p.stampNs) / 1e9}});
+    }
+    j["activity"] = json::array();
+    for (std::uint32_t c = 0; c < sc::kNumCollectives; ++c) {
+      for (std::uint32_t b = 0; b < sc::kSizeBuckets; ++b) {
+        if (activity.calls[c][b] == 0) continue;
+        j["activity"].push_back({{"collective", std::string(sc::toString(static_cast<sc::Collective>(c)))},
+                                 {"bucket", b},
+                                 {"size", fmt::format("2^{}", b)},
+                                 {"calls", activity.calls[c][b]}});
+      }
+    }
+    j["entries"] = json::array();
+    for (const sc::PlanItem& it : plan.items) j["entries"].push_back(itemJson(it));
+    j["problems"] = problems;
+    std::cout << j.dump(2) << '\n';
+  } else {
+    fmt::print("schedule cache {} (namespace {}, created by optiflow {}), generation {}\n", segment, *ns,
+               build.empty() ? "?" : build, generation);
+    if (currentStatus == sc::Status::kOk) {
+      fmt::print("current plan {}: generation {}, published {}, {} entries, from {}\n",
+                 sc::formatHash(current.contentHash), current.generation, formatTime(current.publishedNs),
+                 current.entryCount, sourceText(current.source));
+    } else if (currentStatus == sc::Status::kNoPlan) {
+      fmt::print("no plan is current (cleared, or nothing published): NCCL makes its own choices\n");
+    }
+    fmt::print("\nplans:{}\n", plans.empty() ? " none" : "");
+    if (!plans.empty()) {
+      fmt::print("  {:<4}  {:<16}  {:>10}  {:<19}  {:>7}  {}\n", "slot", "hash", "generation", "published", "entries",
+                 "source");
+    }
+    for (const sc::PlanInfo& p : plans) {
+      fmt::print("  {:<4}  {:<16}  {:>10}  {:<19}  {:>7}  {}{}\n", p.slot, sc::formatHash(p.contentHash), p.generation,
+                 formatTime(p.publishedNs), p.entryCount, sourceText(p.source), p.current ? "  (current)" : "");
+    }
+    fmt::print("\npins:{}\n", pins.empty() ? " none" : "");
+    if (!pins.empty()) {
+      fmt::print("  {:<16}  {:<16}  {:>6}  {:>5}  {:>8}\n", "communicator", "plan", "ranks", "nodes", "age");
+    }
+    for (const sc::CommPin& p : pins) {
+      fmt::print("  {:016x}  {:<16}  {:>6}  {:>5}  {:>7.0f}s\n", p.commId, pinPlanText(p.planHash), p.nRanks, p.nNodes,
+                 static_cast<double>(now - p.stampNs) / 1e9);
+    }
+    bool anyCalls = false;
+    for (std::uint32_t c = 0; c < sc::kNumCollectives; ++c) {
+      for (std::uint32_t b = 0; b < sc::kSizeBuckets; ++b) {
+        if (activity.calls[c][b] == 0) continue;
+        if (!anyCalls) fmt::print("\nactivity:\n  {:<14}  {:>5}  {:>12}\n", "collective", "size", "calls");
+        anyCalls = true;
+        fmt::print("  {:<14}  {:>5}  {:>12}\n", sc::toString(static_cast<sc::Collective>(c)), fmt::format("2^{}", b),
+                   activity.calls[c][b]);
+      }
+    }
+    if (!anyCalls) fmt::print("\nactivity: none recorded\n");
+    for (std::size_t i = 0; i < plan.items.size(); ++i) {
+      const sc::PlanItem& it = plan.items[i];
+      if (i == 0 || it.coll != plan.items[i - 1].coll || it.nRanks != plan.items[i - 1].nRanks ||
+          it.nNodes != plan.items[i - 1].nNodes) {
+        fmt::print("\n{} on {} ranks, {} node{}:\n", sc::toString(it.coll), it.nRanks, it.nNodes,
+                   it.nNodes == 1 ? "" : "s");
+        fmt::print("  {:<20}  {:<22}  {:>8}  {:>10}  {:>10}  {:>10}  {:>10}\n", "sizes", "native decision", "chunk",
+                   "native_us", "nccl_us", "best_us", "bound_us");
+      }
+      fmt::print("  {:<20}  {:<22}  {:>8}  {:>10}  {:>10}  {:>10}  {:>10}\n", sizeRange(it.minBytes, it.maxBytes),
+                 decisionText(it), it.chunkBytes == 0 ? std::string("-") : core::formatSize(it.chunkBytes),
+                 usText(it.nativeUs), usText(it.ncclUs), usText(it.bestUs), usText(it.boundUs));
+    }
+  }
+  for (const std::string& p : problems) fmt::print(stderr, "optiflow: {}\n", p);
+  return problems.empty() ? kExitOk : kExitFailed;
+}
+
+int runCacheVerify(const CacheArgs& args) {
+  const std::optional<std::string> ns = resolveNamespace(args);
+  if (!ns) return kExitBadInput;
+  const std::string segment = sc::segmentPath(*ns);
+  sc::Error error;
+  const std::unique_ptr<sc::Reader> reader = sc::Reader::attach(*ns, &error);
+  if (!reader) {
+    fmt::print("problem: {}\n", error.status == sc::Status::kAbsent ? absentMessage(*ns) : errorText(error, *ns));
+    fmt::print("{}: 1 problem\n", segment);
+    return kExitFailed;
+  }
+  int problems = 0;
+  fmt::print("{}: header, owner, permissions and layout OK, generation {}\n", segment, reader->generation());
+
+  std::vector<std::string> report;
+  const bool slotsOk = reader->check(&report);
+  for (const std::string& line : report) fmt::print("  {}\n", line);
+  if (!slotsOk) {
+    ++problems;
+    fmt::print("problem: a plan slot of {} is damaged (see above)\n", segment);
+  }
+
+  sc::PlanInfo current;
+  const sc::Status currentStatus = reader->current(&current);
+  std::size_t files = 0;
+  if (currentStatus == sc::Status::kNoPlan) {
+    fmt::print("no plan is current: no schedule files to check\n");
+  } else if (currentStatus != sc::Status::kOk) {
+    ++problems;
+    fmt::print("problem: the current plan cannot be read: {}\n", sc::toString(currentStatus));
+  } else {
+    sc::Plan plan;
+    sc::PlanInfo info;
+    std::string detail;
+    const sc::Status s = reader->loadPlan(current.contentHash, &plan, &info, &detail);
+    if (s != sc::Status::kOk) {
+      ++problems;
+      fmt::print("problem: plan {} (slot {}) cannot be read: {}{}{}\n", sc::formatHash(current.contentHash),
+                 current.slot, sc::toString(s), detail.empty() ? "" : ": ", detail);
+    }
+    const std::string hash = sc::formatHash(current.contentHash);
+    std::set<std::string> seen;
+    for (std::size_t i = 0; i < plan.items.size(); ++i) {
+      const sc::PlanItem& it = plan.items[i];
+      const std::string ref = fmt::format("entry {} ({} on {} ranks, {}) of plan {}", i, sc::toString(it.coll),
+                                          it.nRanks, sizeRange(it.minBytes, it.maxBytes), hash);
+      for (const std::string* path : {&it.jsonPath, &it.xmlPath}) {
+        if (path->empty() || !seen.insert(*path).second) continue;
+        ++files;
+        if (std::optional<core::Diagnostic> d = synth::checkScheduleFile(*path, ref, it)) {
+          ++problems;
+          fmt::print("problem: {}\n", d->str());
+          continue;
+        }
+        // The cache names a schedule by its content: a file edited after publishing is not the proven one.
+        if (path == &it.jsonPath && it.scheduleId != 0) {
+          const std::optional<std::string> bytes = readBytes(*path);
+          const std::uint64_t id = bytes ? synth::scheduleFileId(*bytes) : 0;
+          if (id != it.scheduleId) {
+            ++problems;
+            fmt::print(
+                "problem: {}: {} names this schedule file with id {}, the file now has id {} (changed "
+                "since the plan was published)\n",
+                *path, ref, sc::formatHash(it.scheduleId), sc::formatHash(id));
+          }
+        }
+      }
+    }
+    if (s == sc::Status::kOk) {
+      fmt::print("plan {} (slot {}, {} entries, from {}): {} schedule files checked\n", hash, current.slot,
+                 plan.items.size(), sourceText(current.source), files);
+    }
+  }
+  if (problems == 0) {
+    fmt::print("{}: OK\n", segment);
+    return kExitOk;
+  }
+  fmt::print("{}: {} problem{}\n", segment, problems, problems == 1 ? "" : "s");
+  return kExitFailed;
+}
+
+int runCacheClear(const CacheArgs& args) {
+  const std::optional<std::string> ns = resolveNamespace(args);
+  if (!ns) return kExitBadInput;
+  const std::string segment = sc::segmentPath(*ns);
+  std::error_code ec;
+  const bool exists = fs::exists(segment, ec);
+  sc::Error error;
+  if (args.remove) {
+    if (!exists && !fs::exists(sc::lockPath(*ns), ec)) {
+      fmt::print("no schedule cache for namespace {} ({}): nothing to remove\n", *ns, segment);
+      return kExitOk;
+    }
+    if (!args.force) {
+      // Ranks of a communicator that is initialising right now would split: the first ones use a plan, the rest
+      // find no cache. Pins younger than the adopt window say such communicators may exist.
+      if (std::unique_ptr<sc::Reader> reader = sc::Reader::attach(*ns, &error)) {
+        timespec ts{};
+        clock_gettime(CLOCK_REALTIME, &ts);
+        const std::int64_t now = static_cast<std::int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+        int young = 0;
+        for (const sc::CommPin& pin : reader->pins()) {
+          young += pin.commId != 0 && now - pin.stampNs <= sc::kPinAdoptWindowS * 1000000000LL ? 1 : 0;
+        }
+        if (young > 0) {
+          fmt::print(stderr,
+                     "optiflow: {} communicator{} initialised with {} in the last {} s; removing it now could give "
+                     "their remaining ranks a different choice (docs/consistency.md). Use `cache clear` (new "
+                     "communicators get NCCL's choices), or --force\n",
+                     young, young == 1 ? "" : "s", segment, sc::kPinAdoptWindowS);
+          return kExitFailed;
+        }
+      }
+      error = {};
+    }
+    if (!sc::Writer::remove(*ns, &error)) {
+      fmt::print(stderr, "optiflow: {}\n", errorText(error, *ns));
+      return kExitFailed;
+    }
+    fmt::print("removed {} (processes that attached keep their mapping until they exit)\n", segment);
+    return kExitOk;
+  }
+  // Writer::open would create a segment; clearing one that does not exist has nothing to do.
+  if (!exists) {
+    fmt::print("no schedule cache for namespace {} ({}): nothing to clear\n", *ns, segment);
+    return kExitOk;
+  }
+  sc::WriterOptions options;
+  options.ns = *ns;
+  options.build = OPTIFLOW_VERSION;
+  std::unique_ptr<sc::Writer> writer = sc::Writer::open(options, &error);
+  if (!writer || !writer->clear(&error)) {
+    fmt::print(stderr, "optiflow: {}\n", errorText(error, *ns));
+    return kExitFailed;
+  }
+  fmt::print("cleared {}: no plan is current; new communicators get NCCL's own choices\n", segment);
+  return kExitOk;
+}
+
+}  // namespace optiflow::cli

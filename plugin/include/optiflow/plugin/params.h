@@ -1,0 +1,65 @@
+// Every OPTIFLOW_* variable the plugins read, in one typed registry: name, type, default and documentation
+// together (docs/schedcache.md renders this table; a test checks the two agree). Values are read once, at tuner
+// init, and parsed strictly: a value that does not parse is an error naming the variable, the value and what was
+// expected, never a silent default.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace optiflow::plugin {
+
+enum class ParamType { kBool, kEnum, kNamespace, kPlanHash, kSeconds };
+
+struct ParamSpec {
+  const char* name;
+  ParamType type;
+  const char* defaultValue;  // as a user would write it; "" for unset
+  const char* allowed;       // kEnum: values separated by '|'
+  const char* doc;
+};
+
+inline constexpr ParamSpec kParams[] = {
+    {"OPTIFLOW_TUNER", ParamType::kEnum, "on", "on|off",
+     "on: the tuner applies published plans; off: it never does (NCCL decides), without uninstalling anything."},
+    {"OPTIFLOW_NAMESPACE", ParamType::kNamespace, "default", "",
+     "Which schedule cache to read: /dev/shm/optiflow-<namespace>; [A-Za-z0-9_.-], at most 64 characters."},
+    {"OPTIFLOW_PLAN", ParamType::kPlanHash, "", "",
+     "Pins the plan with this content hash (16 hex digits, `optiflow cache show`) for every communicator of the "
+     "job, on every node. A node that lacks it fails tuner init (see OPTIFLOW_PLAN_MISSING)."},
+    {"OPTIFLOW_PLAN_MISSING", ParamType::kEnum, "fail", "fail|defaults",
+     "What a node without the pinned plan does: fail (tuner init fails, naming the plan and the node, so the job "
+     "stops at start-up) or defaults (NCCL decides on that node; only safe if every node lacks it)."},
+    {"OPTIFLOW_SETTLE_S", ParamType::kSeconds, "60", "",
+     "Seconds a newly created schedule cache must exist before communicators use its plans: longer than the ranks "
+     "of one communicator take to initialise, so a rank that started before the cache existed and its peers agree "
+     "(docs/consistency.md). 0-86400."},
+    {"OPTIFLOW_ABORT_ON_ERROR", ParamType::kBool, "0", "",
+     "Debugging: abort() on the first plugin error instead of returning it to NCCL."},
+};
+
+struct Params {
+  bool tunerEnabled = true;
+  std::string ns = "default";
+  std::optional<std::uint64_t> plan;
+  bool planMissingDefaults = false;
+  bool abortOnError = false;
+  int settleS = 60;
+};
+
+using GetEnv = const char* (*)(const char*);
+
+// Reads every variable of kParams through getEnv (std::getenv in the plugin; a fake in tests). false with *error
+// ("OPTIFLOW_PLAN='xyz': expected 16 hex digits ...") on the first value that does not parse.
+bool readParams(GetEnv getEnv, Params* out, std::string* error);
+
+// OPTIFLOW_* names in envp that the registry does not know (likely typos), for a warning at init.
+std::vector<std::string> unknownParams(char** envp);
+
+// A Markdown table of kParams (name, default, meaning).
+std::string describeParams();
+
+}  // namespace optiflow::plugin

@@ -1,0 +1,26 @@
+// Plugin logging goes through NCCL's logger, so NCCL_DEBUG / NCCL_DEBUG_SUBSYS control it like NCCL's own lines.
+// Every line starts with "OptiFlow/<part>: ". TRACE lines are compiled out unless OPTIFLOW_PLUGIN_TRACE is defined.
+#pragma once
+
+#include "optiflow/plugin/abi/nccl_common.h"
+
+#define OPTIFLOW_LOG(logger, level, subsys, fmt, ...)                                         \
+  do {                                                                                        \
+    ncclDebugLogger_t optiflowLogger_ = (logger);                                             \
+    if (optiflowLogger_ != nullptr) {                                                         \
+      optiflowLogger_((level), (subsys), __func__, __LINE__, "OptiFlow/" fmt, ##__VA_ARGS__); \
+    }                                                                                         \
+  } while (0)
+
+#define OPTIFLOW_TUNER_WARN(logger, fmt, ...) \
+  OPTIFLOW_LOG(logger, NCCL_LOG_WARN, NCCL_TUNING | NCCL_INIT, "Tuner: " fmt, ##__VA_ARGS__)
+#define OPTIFLOW_TUNER_INFO(logger, fmt, ...) \
+  OPTIFLOW_LOG(logger, NCCL_LOG_INFO, NCCL_TUNING | NCCL_INIT, "Tuner: " fmt, ##__VA_ARGS__)
+#ifdef OPTIFLOW_PLUGIN_TRACE
+#define OPTIFLOW_TUNER_TRACE(logger, fmt, ...) \
+  OPTIFLOW_LOG(logger, NCCL_LOG_TRACE, NCCL_TUNING, "Tuner: " fmt, ##__VA_ARGS__)
+#else
+#define OPTIFLOW_TUNER_TRACE(logger, fmt, ...) \
+  do {                                         \
+  } while (0)
+#endif

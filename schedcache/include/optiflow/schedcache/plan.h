@@ -1,0 +1,62 @@
+// A plan as a process holds it (the CLI and daemon build one, the reader can copy one out of the segment), its
+// content hash, and the checks a plan must pass before it is published.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "optiflow/schedcache/layout.h"
+
+namespace optiflow::schedcache {
+
+struct PlanItem {
+  Collective coll = Collective::kAllReduce;
+  std::uint32_t nRanks = 0;
+  std::uint32_t nNodes = 0;
+  std::uint64_t minBytes = 0;
+  std::uint64_t maxBytes = 0;  // inclusive
+  Algorithm algorithm = Algorithm::kNone;
+  Protocol protocol = Protocol::kNone;
+  std::int32_t nChannels = 0;    // 0: NCCL decides
+  std::uint64_t chunkBytes = 0;  // 0: NCCL decides
+  float nativeUs = 0;
+  float bestUs = 0;
+  float boundUs = 0;
+  float ncclUs = 0;
+  std::uint64_t scheduleId = 0;  // content hash of the synthesized schedule file; 0: none
+  std::string jsonPath;          // absolute paths of the exported schedule; empty: none
+  std::string xmlPath;
+};
+
+struct Plan {
+  std::string source;  // shown by `optiflow cache show`; truncated to kSourceBytes - 1 in the segment
+  std::vector<PlanItem> items;
+};
+
+// CRC-64 (XZ) over the decisions only: collective, ranks, nodes, size range, algorithm, protocol, channels, chunk
+// and schedule id, in a canonical order. Times, paths and the source are left out, so the same decisions published
+// from different directories on different nodes have the same hash (what OPTIFLOW_PLAN pins). Never 0 or 1.
+std::uint64_t contentHash(const Plan& plan);
+
+// 16 lower-case hex digits, and back (exactly 16 hex digits, either case; anything else is nullopt).
+std::string formatHash(std::uint64_t hash);
+std::optional<std::uint64_t> parseHash(std::string_view text);
+
+// Empty when the plan can be published; otherwise what is wrong, naming the item (index, collective, size range):
+// too many items or too many path bytes for a slot, a collective/algorithm/protocol out of range, a protocol without
+// an algorithm, negative channels, minBytes > maxBytes, zero ranks or nodes, overlapping ranges of one
+// (collective, ranks, nodes).
+std::string validatePlan(const Plan& plan);
+
+// Names as plan.json, the CLI and logs write them ("allreduce", "Ring", "LL128"); parsing is case-insensitive.
+std::string_view toString(Collective c);
+std::string_view toString(Algorithm a);
+std::string_view toString(Protocol p);
+std::optional<Collective> parseCollective(std::string_view name);
+std::optional<Algorithm> parseAlgorithm(std::string_view name);  // "Tree", "Ring", "CollNetDirect", ..., "PAT"
+std::optional<Protocol> parseProtocol(std::string_view name);    // "LL", "LL128", "Simple"
+
+}  // namespace optiflow::schedcache

@@ -1,0 +1,102 @@
+// Process-local view of a namespace's segment for the plugins (and `optiflow cache show|verify`). Attaching and
+// loading may make system calls and allocate; the tuner does both in init only. After init, CommPlan::find and
+// Reader::recordCall are the only calls on NCCL's per-collective path: no allocation, no locks, no system calls.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "optiflow/schedcache/error.h"
+#include "optiflow/schedcache/layout.h"
+#include "optiflow/schedcache/plan.h"
+
+namespace optiflow::schedcache {
+
+// What the tuner needs of one entry, copied out of the segment at init.
+struct Decision {
+  std::uint64_t minBytes = 0;
+  std::uint64_t maxBytes = 0;
+  std::uint64_t chunkBytes = 0;
+  std::int8_t algorithm = -1;
+  std::int8_t protocol = -1;
+  std::int32_t nChannels = 0;
+};
+
+// The decisions of one plan for one communicator shape (nRanks, nNodes), private to the communicator: once
+// copied, nothing a writer does later can change or tear them.
+struct CommPlan {
+  std::uint64_t planHash = 0;                                       // 0: no plan
+  std::array<std::vector<Decision>, kNumCollectives> byCollective;  // sorted by minBytes, disjoint
+
+  // nullptr when the plan has no decision for (coll, nBytes). noexcept, allocation-free: binary search.
+  const Decision* find(std::uint32_t coll, std::uint64_t nBytes) const noexcept;
+  std::size_t entryCount() const noexcept;
+  std::size_t memoryBytes() const noexcept;  // heap bytes held (capacity), for the footprint benchmark
+};
+
+struct PlanInfo {
+  std::uint32_t slot = kNoSlot;
+  std::uint64_t contentHash = 0;
+  std::uint64_t generation = 0;
+  std::int64_t publishedNs = 0;
+  std::uint32_t entryCount = 0;
+  std::string source;
+  bool current = false;
+};
+
+class Reader {
+ public:
+  // Opens /dev/shm/optiflow-<ns> and checks, in this order: the name, owner (the effective user; another user's
+  // segment only when it is group read-write (0660) for a group this process is in), permissions (never
+  // world-writable), size, magic, layout version, capacities, header checksum.
+  // nullptr with *error filled when any check fails. Never throws.
+  static std::unique_ptr<Reader> attach(std::string_view ns, Error* error) noexcept;
+  ~Reader();
+  Reader(const Reader&) = delete;
+  Reader& operator=(const Reader&) = delete;
+
+  std::string_view ns() const noexcept { return ns_; }
+  std::uint64_t generation() const noexcept;
+  std::int64_t createdNs() const noexcept;  // CLOCK_REALTIME when the segment was created
+  std::string build() const;                // OPTIFLOW_VERSION of the process that created it
+
+  // The current plan's info; status kNoPlan when nothing is current, kTorn/kBadChecksum when its slot is unreadable.
+  Status current(PlanInfo* info) const noexcept;
+  // Every slot holding a complete plan whose checksum matches (for `show`), current one flagged.
+  std::vector<PlanInfo> plans() const;
+  // Slot-by-slot check for `verify`: one line per slot with what was found; false when any written slot is bad.
+  bool check(std::vector<std::string>* report) const;
+
+  // Copies the decisions of plan `hash` (0: the current plan) for (nRanks, nNodes) into *out, under the slot's
+  // sequence counter and checksum (retries a few times while a writer reuses the slot). kOk with an empty CommPlan
+  // (planHash set) when the plan has no entries for that shape.
+  Status loadComm(std::uint64_t hash, std::uint32_t nRanks, std::uint32_t nNodes, CommPlan* out,
+                  std::string* detail) const noexcept;
+  // The whole plan (items with paths), for `show --json` and `verify`.
+  Status loadPlan(std::uint64_t hash, Plan* out, PlanInfo* info, std::string* detail) const;
+
+  // The consistency rule for ranks of one node (docs/consistency.md): returns the plan hash communicator commId
+  // uses. The first rank records `proposed` (a plan hash, or kPinNoPlan); later ranks get what it recorded. Waits at
+  // most ~1 s for a rank that is between claiming the pin and storing the hash. kPinPending on failure (*status says
+  // why: kPinTableFull, kTorn for the wait timing out).
+  std::uint64_t pinComm(std::uint64_t commId, std::uint64_t proposed, std::uint32_t nRanks, std::uint32_t nNodes,
+                        Status* status) noexcept;
+  std::vector<CommPin> pins() const;
+
+  // Hot path: one relaxed atomic increment in the segment (the daemon's view of what jobs call).
+  void recordCall(std::uint32_t coll, std::uint64_t nBytes) noexcept;
+  Activity activity() const noexcept;
+
+ private:
+  struct Mapping;
+  Reader(std::string ns, std::unique_ptr<Mapping> mapping);
+  std::string ns_;
+  std::unique_ptr<Mapping> mapping_;
+  Segment* segment_ = nullptr;
+};
+
+}  // namespace optiflow::schedcache

@@ -1,0 +1,234 @@
+#include "optiflow/schedcache/plan.h"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cstdint>
+#include <cstdio>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <unordered_set>
+#include <vector>
+
+#include <boost/crc.hpp>
+
+namespace optiflow::schedcache {
+namespace {
+
+using Crc64Xz = boost::crc_optimal<64, 0x42F0E1EBA9EA3693ULL, ~0ULL, ~0ULL, true, true>;
+
+constexpr std::array<std::string_view, kNumCollectives> kCollectiveNames = {"broadcast", "reduce", "allgather",
+                                                                            "reducescatter", "allreduce"};
+constexpr std::array<std::string_view, kNumAlgorithms> kAlgorithmNames = {
+    "Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT"};
+constexpr std::array<std::string_view, kNumProtocols> kProtocolNames = {"LL", "LL128", "Simple"};
+
+bool equalsIgnoreCase(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+template <std::size_t N>
+std::optional<std::size_t> findName(const std::array<std::string_view, N>& names, std::string_view name) {
+  for (std::size_t i = 0; i < N; ++i) {
+    if (equalsIgnoreCase(names[i], name)) return i;
+  }
+  return std::nullopt;
+}
+
+// The hashed fields of one item, in hash order.
+struct HashFields {
+  std::uint8_t coll;
+  std::uint32_t nRanks;
+  std::uint32_t nNodes;
+  std::uint64_t minBytes;
+  std::uint64_t maxBytes;
+  std::int8_t algorithm;
+  std::int8_t protocol;
+  std::int32_t nChannels;
+  std::uint64_t chunkBytes;
+  std::uint64_t scheduleId;
+
+  auto key() const {
+    return std::tie(coll, nRanks, nNodes, minBytes, maxBytes, algorithm, protocol, nChannels, chunkBytes, scheduleId);
+  }
+};
+
+// Little-endian regardless of the host, so the hash is a property of the decisions alone.
+template <typename T>
+void putLe(std::vector<unsigned char>& out, T value) {
+  using U = std::make_unsigned_t<T>;
+  auto u = static_cast<U>(value);
+  for (std::size_t i = 0; i < sizeof(U); ++i) {
+    out.push_back(static_cast<unsigned char>(u & 0xffu));
+    if constexpr (sizeof(U) > 1) u = static_cast<U>(u >> 8);
+  }
+}
+
+std::string describe(const PlanItem& it, std::size_t index) {
+  char buf[200];
+  const auto c = static_cast<unsigned>(it.coll);
+  std::string coll = c < kNumCollectives ? std::string(kCollectiveNames[c]) : "collective " + std::to_string(c);
+  std::snprintf(buf, sizeof(buf), "item %zu (%s, %u ranks, %u nodes, %llu-%llu bytes)", index, coll.c_str(), it.nRanks,
+                it.nNodes, static_cast<unsigned long long>(it.minBytes), static_cast<unsigned long long>(it.maxBytes));
+  return buf;
+}
+
+}  // namespace
+
+std::uint64_t contentHash(const Plan& plan) {
+  std::vector<HashFields> fields;
+  fields.reserve(plan.items.size());
+  for (const PlanItem& it : plan.items) {
+    fields.push_back({static_cast<std::uint8_t>(it.coll), it.nRanks, it.nNodes, it.minBytes, it.maxBytes,
+                      static_cast<std::int8_t>(it.algorithm), static_cast<std::int8_t>(it.protocol), it.nChannels,
+                      it.chunkBytes, it.scheduleId});
+  }
+  // Sorting on every hashed field makes the order of items irrelevant, even for duplicates.
+  std::sort(fields.begin(), fields.end(), [](const HashFields& a, const HashFields& b) { return a.key() < b.key(); });
+  constexpr std::size_t kRecordBytes = 1 + 4 + 4 + 8 + 8 + 1 + 1 + 4 + 8 + 8;
+  std::vector<unsigned char> bytes;
+  bytes.reserve(fields.size() * kRecordBytes);
+  for (const HashFields& f : fields) {
+    putLe(bytes, f.coll);
+    putLe(bytes, f.nRanks);
+    putLe(bytes, f.nNodes);
+    putLe(bytes, f.minBytes);
+    putLe(bytes, f.maxBytes);
+    putLe(bytes, f.algorithm);
+    putLe(bytes, f.protocol);
+    putLe(bytes, f.nChannels);
+    putLe(bytes, f.chunkBytes);
+    putLe(bytes, f.scheduleId);
+  }
+  Crc64Xz crc;
+  crc.process_bytes(bytes.data(), bytes.size());
+  std::uint64_t h = crc.checksum();
+  // 0 and 1 are reserved in CommPin::planHash.
+  if (h == kPinPending || h == kPinNoPlan) h += 2;
+  return h;
+}
+
+std::string formatHash(std::uint64_t hash) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(hash));
+  return buf;
+}
+
+std::optional<std::uint64_t> parseHash(std::string_view text) {
+  if (text.size() != 16) return std::nullopt;
+  std::uint64_t v = 0;
+  for (char c : text) {
+    unsigned d;
+    if (c >= '0' && c <= '9') {
+      d = static_cast<unsigned>(c - '0');
+    } else if (c >= 'a' && c <= 'f') {
+      d = static_cast<unsigned>(c - 'a' + 10);
+    } else if (c >= 'A' && c <= 'F') {
+      d = static_cast<unsigned>(c - 'A' + 10);
+    } else {
+      return std::nullopt;
+    }
+    v = (v << 4) | d;
+  }
+  return v;
+}
+
+std::string validatePlan(const Plan& plan) {
+  const auto& items = plan.items;
+  if (items.size() > kMaxEntries) {
+    return std::to_string(items.size()) + " items; a plan slot holds at most " + std::to_string(kMaxEntries);
+  }
+  std::unordered_set<std::string_view> paths;
+  std::size_t pathBytes = 0;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const PlanItem& it = items[i];
+    const auto c = static_cast<unsigned>(it.coll);
+    const int a = static_cast<int>(it.algorithm);
+    const int p = static_cast<int>(it.protocol);
+    if (c >= kNumCollectives) return describe(it, i) + ": collective out of range (0-4)";
+    if (a < -1 || a >= kNumAlgorithms) return describe(it, i) + ": algorithm " + std::to_string(a) + " out of range";
+    if (p < -1 || p >= kNumProtocols) return describe(it, i) + ": protocol " + std::to_string(p) + " out of range";
+    if (a == -1 && p != -1) {
+      return describe(it, i) + ": protocol " + std::string(toString(it.protocol)) + " without an algorithm";
+    }
+    if (it.nChannels < 0) return describe(it, i) + ": negative channel count " + std::to_string(it.nChannels);
+    if (it.minBytes > it.maxBytes) return describe(it, i) + ": minBytes is greater than maxBytes";
+    if (it.nRanks == 0) return describe(it, i) + ": zero ranks";
+    if (it.nNodes == 0) return describe(it, i) + ": zero nodes";
+    for (const std::string* path : {&it.jsonPath, &it.xmlPath}) {
+      if (path->empty()) continue;
+      if (path->find('\0') != std::string::npos) return describe(it, i) + ": path contains a NUL byte";
+      // The writer stores each distinct path once.
+      if (paths.insert(*path).second) pathBytes += path->size() + 1;
+    }
+  }
+  if (pathBytes > kStringBytes) {
+    return "schedule paths take " + std::to_string(pathBytes) + " bytes; a plan slot holds at most " +
+           std::to_string(kStringBytes);
+  }
+  std::vector<std::size_t> order(items.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    const PlanItem& x = items[a];
+    const PlanItem& y = items[b];
+    return std::tie(x.coll, x.nRanks, x.nNodes, x.minBytes, a) < std::tie(y.coll, y.nRanks, y.nNodes, y.minBytes, b);
+  });
+  for (std::size_t k = 1; k < order.size(); ++k) {
+    const PlanItem& prev = items[order[k - 1]];
+    const PlanItem& cur = items[order[k]];
+    if (prev.coll == cur.coll && prev.nRanks == cur.nRanks && prev.nNodes == cur.nNodes &&
+        cur.minBytes <= prev.maxBytes) {
+      // Name the later item first, as a reader of the plan file sees them.
+      std::size_t a = order[k], b = order[k - 1];
+      if (a < b) std::swap(a, b);
+      return describe(items[a], a) + ": overlaps " + describe(items[b], b);
+    }
+  }
+  return {};
+}
+
+std::string_view toString(Collective c) {
+  const auto i = static_cast<unsigned>(c);
+  return i < kNumCollectives ? kCollectiveNames[i] : std::string_view("unknown");
+}
+
+std::string_view toString(Algorithm a) {
+  if (a == Algorithm::kNone) return "none";
+  const int i = static_cast<int>(a);
+  return i >= 0 && i < kNumAlgorithms ? kAlgorithmNames[static_cast<std::size_t>(i)] : std::string_view("unknown");
+}
+
+std::string_view toString(Protocol p) {
+  if (p == Protocol::kNone) return "none";
+  const int i = static_cast<int>(p);
+  return i >= 0 && i < kNumProtocols ? kProtocolNames[static_cast<std::size_t>(i)] : std::string_view("unknown");
+}
+
+std::optional<Collective> parseCollective(std::string_view name) {
+  auto i = findName(kCollectiveNames, name);
+  if (!i) return std::nullopt;
+  return static_cast<Collective>(*i);
+}
+
+std::optional<Algorithm> parseAlgorithm(std::string_view name) {
+  auto i = findName(kAlgorithmNames, name);
+  if (!i) return std::nullopt;
+  return static_cast<Algorithm>(*i);
+}
+
+std::optional<Protocol> parseProtocol(std::string_view name) {
+  auto i = findName(kProtocolNames, name);
+  if (!i) return std::nullopt;
+  return static_cast<Protocol>(*i);
+}
+
+}  // namespace optiflow::schedcache

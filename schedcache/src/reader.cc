@@ -1,0 +1,466 @@
+#include "optiflow/schedcache/reader.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "segment.h"
+
+namespace optiflow::schedcache {
+namespace {
+
+// NCCL versions without a communicator id pass 0, which marks a free pin: give it an id of its own.
+constexpr std::uint64_t kZeroCommId = 0x9e3779b97f4a7c15ULL;
+constexpr std::int64_t kNsPerS = 1000000000LL;
+constexpr auto kPinWait = std::chrono::seconds(1);
+// A claim takes a few stores; one that has not moved for this long belongs to a rank that died.
+constexpr auto kDeadClaim = std::chrono::milliseconds(100);
+
+template <typename T>
+std::atomic_ref<T> ref(T& v) {
+  return std::atomic_ref<T>(v);
+}
+
+std::uint64_t mix(std::uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+bool pinIsStale(std::int64_t stampNs, std::int64_t nowNs) { return nowNs - stampNs > kPinAdoptWindowS * kNsPerS; }
+
+void setDetail(std::string* detail, std::string text) {
+  if (detail != nullptr) *detail = std::move(text);
+}
+
+PlanInfo infoOf(const PlanSlotHeader& h, std::uint32_t slot, std::uint32_t current) {
+  PlanInfo info;
+  info.slot = slot;
+  info.contentHash = h.contentHash;
+  info.generation = h.generation;
+  info.publishedNs = h.publishedNs;
+  info.entryCount = h.entryCount;
+  info.source = detail::sourceText(h);
+  info.current = slot == current;
+  return info;
+}
+
+std::string slotName(const std::string& ns, std::uint32_t slot) {
+  return segmentPath(ns) + " slot " + std::to_string(slot);
+}
+
+}  // namespace
+
+struct Reader::Mapping {
+  detail::MappedSegment segment;
+};
+
+const Decision* CommPlan::find(std::uint32_t coll, std::uint64_t nBytes) const noexcept {
+  if (coll >= kNumCollectives) return nullptr;
+  const auto& v = byCollective[coll];
+  auto it =
+      std::upper_bound(v.begin(), v.end(), nBytes, [](std::uint64_t n, const Decision& d) { return n < d.minBytes; });
+  if (it == v.begin()) return nullptr;
+  --it;
+  return nBytes <= it->maxBytes ? &*it : nullptr;
+}
+
+std::size_t CommPlan::entryCount() const noexcept {
+  std::size_t n = 0;
+  for (const auto& v : byCollective) n += v.size();
+  return n;
+}
+
+std::size_t CommPlan::memoryBytes() const noexcept {
+  std::size_t n = 0;
+  for (const auto& v : byCollective) n += v.capacity() * sizeof(Decision);
+  return n;
+}
+
+Reader::Reader(std::string ns, std::unique_ptr<Mapping> mapping)
+    : ns_(std::move(ns)), mapping_(std::move(mapping)), segment_(mapping_->segment.segment()) {}
+
+Reader::~Reader() = default;
+
+std::unique_ptr<Reader> Reader::attach(std::string_view ns, Error* error) noexcept {
+  Error local;
+  Error& err = error != nullptr ? *error : local;
+  try {
+    auto mapping = std::make_unique<Mapping>();
+    err = detail::openSegment(ns, &mapping->segment);
+    if (err.status != Status::kOk) return nullptr;
+    return std::unique_ptr<Reader>(new Reader(std::string(ns), std::move(mapping)));
+  } catch (const std::exception& e) {
+    err = detail::makeError(Status::kSystem, segmentPath(ns) + ": " + e.what());
+  } catch (...) {
+    err = detail::makeError(Status::kSystem, segmentPath(ns) + ": unknown exception");
+  }
+  return nullptr;
+}
+
+std::uint64_t Reader::generation() const noexcept {
+  return ref(segment_->header.generation).load(std::memory_order_acquire);
+}
+
+std::int64_t Reader::createdNs() const noexcept { return segment_->header.createdNs; }
+
+std::string Reader::build() const {
+  const char* b = segment_->header.writerBuild;
+  return std::string(b, strnlen(b, kBuildBytes));
+}
+
+Status Reader::current(PlanInfo* info) const noexcept {
+  const std::uint32_t cur = ref(segment_->header.currentSlot).load(std::memory_order_acquire);
+  if (cur == kNoSlot) return Status::kNoPlan;
+  if (cur >= kPlanSlots) return Status::kBadHeader;
+  try {
+    detail::SlotCopy copy;
+    std::string why;
+    switch (detail::readSlot(segment_->slots[cur], &copy, &why, detail::kReadAttempts)) {
+      case detail::SlotState::kComplete:
+        if (info != nullptr) *info = infoOf(copy.header, cur, cur);
+        return Status::kOk;
+      case detail::SlotState::kEmpty:
+      case detail::SlotState::kCorrupt:
+        return Status::kBadChecksum;
+      case detail::SlotState::kOdd:
+      case detail::SlotState::kChanging:
+        return Status::kTorn;
+    }
+  } catch (...) {
+    return Status::kSystem;
+  }
+  return Status::kTorn;
+}
+
+std::vector<PlanInfo> Reader::plans() const {
+  std::vector<PlanInfo> out;
+  const std::uint32_t cur = ref(segment_->header.currentSlot).load(std::memory_order_acquire);
+  detail::SlotCopy copy;
+  std::string why;
+  for (std::uint32_t s = 0; s < kPlanSlots; ++s) {
+    if (detail::readSlot(segment_->slots[s], &copy, &why, detail::kReadAttempts) == detail::SlotState::kComplete) {
+      out.push_back(infoOf(copy.header, s, cur));
+    }
+  }
+  return out;
+}
+
+bool Reader::check(std::vector<std::string>* report) const {
+  bool ok = true;
+  const std::uint32_t cur = ref(segment_->header.currentSlot).load(std::memory_order_acquire);
+  auto add = [&](std::string line) {
+    if (report != nullptr) report->push_back(std::move(line));
+  };
+  if (cur != kNoSlot && cur >= kPlanSlots) {
+    add("current slot " + std::to_string(cur) + " is out of range (" + std::to_string(kPlanSlots) + " slots)");
+    ok = false;
+  }
+  detail::SlotCopy copy;
+  for (std::uint32_t s = 0; s < kPlanSlots; ++s) {
+    std::string why;
+    const std::string prefix = "slot " + std::to_string(s) + ": ";
+    const bool isCurrent = s == cur;
+    const std::string suffix = isCurrent ? " (current)" : "";
+    switch (detail::readSlot(segment_->slots[s], &copy, &why, detail::kReadAttempts)) {
+      case detail::SlotState::kComplete: {
+        char buf[160];
+        std::snprintf(buf, sizeof(buf), "plan %s, generation %llu, %u entries, checksum ok",
+                      detail::slotHashText(copy.header).c_str(),
+                      static_cast<unsigned long long>(copy.header.generation), copy.header.entryCount);
+        add(prefix + buf + suffix);
+        break;
+      }
+      case detail::SlotState::kEmpty:
+        add(prefix + "empty" + suffix);
+        if (isCurrent) ok = false;
+        break;
+      case detail::SlotState::kOdd:
+        add(prefix + "being written or abandoned by a writer that died (seq odd)" + suffix);
+        if (isCurrent) ok = false;
+        break;
+      case detail::SlotState::kChanging:
+        add(prefix + "kept changing while read (a writer is reusing it)" + suffix);
+        if (isCurrent) ok = false;
+        break;
+      case detail::SlotState::kCorrupt:
+        add(prefix + (why.rfind("checksum", 0) == 0 ? "checksum mismatch: " : "invalid content: ") + why + suffix);
+        ok = false;
+        break;
+    }
+  }
+  return ok;
+}
+
+namespace {
+
+// Finds the slot holding plan `hash` (0: the current one) and copies it. kOk, or the status to return.
+Status findAndRead(const Segment& segment, const std::string& ns, std::uint64_t hash, detail::SlotCopy* copy,
+                   std::uint32_t* slotOut, std::string* detail) {
+  Status last = Status::kTorn;
+  std::string lastDetail;
+  for (int attempt = 0; attempt < detail::kReadAttempts; ++attempt) {
+    std::uint32_t slot = kNoSlot;
+    if (hash == 0) {
+      slot = std::atomic_ref<std::uint32_t>(const_cast<std::uint32_t&>(segment.header.currentSlot))
+                 .load(std::memory_order_acquire);
+      if (slot == kNoSlot) {
+        setDetail(detail, segmentPath(ns) + ": no plan is current (nothing published, or cleared)");
+        return Status::kNoPlan;
+      }
+      if (slot >= kPlanSlots) {
+        setDetail(detail, segmentPath(ns) + ": current slot " + std::to_string(slot) + " is out of range");
+        return Status::kBadHeader;
+      }
+    } else {
+      bool changing = false;
+      for (std::uint32_t s = 0; s < kPlanSlots && slot == kNoSlot; ++s) {
+        PlanSlotHeader h{};
+        const auto state = detail::peekSlot(segment.slots[s], &h, 2);
+        if (state == detail::SlotState::kComplete && h.contentHash == hash) slot = s;
+        if (state == detail::SlotState::kChanging) changing = true;
+      }
+      if (slot == kNoSlot) {
+        if (changing) continue;
+        setDetail(detail, segmentPath(ns) + ": no slot holds plan " + formatHash(hash));
+        return Status::kNotFound;
+      }
+    }
+    std::string why;
+    switch (detail::readSlot(segment.slots[slot], copy, &why, 2)) {
+      case detail::SlotState::kComplete:
+        if (hash != 0 && copy->header.contentHash != hash) continue;  // reused between the scan and the read
+        *slotOut = slot;
+        return Status::kOk;
+      case detail::SlotState::kCorrupt:
+        setDetail(detail, slotName(ns, slot) + ": " + why);
+        return Status::kBadChecksum;
+      case detail::SlotState::kEmpty:
+        // Only a garbage currentSlot names an empty slot.
+        last = Status::kBadChecksum;
+        lastDetail = slotName(ns, slot) + " is current but empty";
+        break;
+      case detail::SlotState::kOdd:
+      case detail::SlotState::kChanging:
+        last = Status::kTorn;
+        lastDetail = slotName(ns, slot) + " kept changing while read (a writer reused it)";
+        break;
+    }
+  }
+  setDetail(detail, lastDetail.empty() ? segmentPath(ns) + ": slots kept changing while read" : lastDetail);
+  return last;
+}
+
+}  // namespace
+
+Status Reader::loadComm(std::uint64_t hash, std::uint32_t nRanks, std::uint32_t nNodes, CommPlan* out,
+                        std::string* detail) const noexcept {
+  try {
+    detail::SlotCopy copy;
+    std::uint32_t slot = kNoSlot;
+    const Status st = findAndRead(*segment_, ns_, hash, &copy, &slot, detail);
+    if (st != Status::kOk) return st;
+    CommPlan plan;
+    plan.planHash = copy.header.contentHash;
+    // Entries are sorted by (coll, nRanks, nNodes, minBytes) and disjoint (checked by readSlot).
+    for (const PlanEntry& e : copy.entries) {
+      if (e.nRanks != nRanks || e.nNodes != nNodes) continue;
+      Decision d;
+      d.minBytes = e.minBytes;
+      d.maxBytes = e.maxBytes;
+      d.chunkBytes = e.chunkBytes;
+      d.algorithm = e.algorithm;
+      d.protocol = e.protocol;
+      d.nChannels = e.nChannels;
+      plan.byCollective[e.coll].push_back(d);
+    }
+    for (auto& v : plan.byCollective) v.shrink_to_fit();
+    if (out != nullptr) *out = std::move(plan);
+    return Status::kOk;
+  } catch (const std::bad_alloc&) {
+    setDetail(detail, segmentPath(ns_) + ": out of memory copying a plan");
+  } catch (...) {
+    setDetail(detail, segmentPath(ns_) + ": unexpected exception copying a plan");
+  }
+  return Status::kSystem;
+}
+
+Status Reader::loadPlan(std::uint64_t hash, Plan* out, PlanInfo* info, std::string* detail) const {
+  detail::SlotCopy copy;
+  std::uint32_t slot = kNoSlot;
+  const Status st = findAndRead(*segment_, ns_, hash, &copy, &slot, detail);
+  if (st != Status::kOk) return st;
+  auto str = [&](std::uint32_t offset) {
+    // readSlot checked that the offset is in range and NUL-terminated.
+    return offset == kNoString ? std::string() : std::string(copy.strings.data() + offset);
+  };
+  if (out != nullptr) {
+    Plan plan;
+    plan.source = detail::sourceText(copy.header);
+    plan.items.reserve(copy.entries.size());
+    for (const PlanEntry& e : copy.entries) {
+      PlanItem it;
+      it.coll = static_cast<Collective>(e.coll);
+      it.nRanks = e.nRanks;
+      it.nNodes = e.nNodes;
+      it.minBytes = e.minBytes;
+      it.maxBytes = e.maxBytes;
+      it.algorithm = static_cast<Algorithm>(e.algorithm);
+      it.protocol = static_cast<Protocol>(e.protocol);
+      it.nChannels = e.nChannels;
+      it.chunkBytes = e.chunkBytes;
+      it.nativeUs = e.nativeUs;
+      it.bestUs = e.bestUs;
+      it.boundUs = e.boundUs;
+      it.ncclUs = e.ncclUs;
+      it.scheduleId = e.scheduleId;
+      it.jsonPath = str(e.jsonPath);
+      it.xmlPath = str(e.xmlPath);
+      plan.items.push_back(std::move(it));
+    }
+    *out = std::move(plan);
+  }
+  if (info != nullptr) {
+    *info = infoOf(copy.header, slot, ref(segment_->header.currentSlot).load(std::memory_order_acquire));
+  }
+  return Status::kOk;
+}
+
+std::uint64_t Reader::pinComm(std::uint64_t commId, std::uint64_t proposed, std::uint32_t nRanks, std::uint32_t nNodes,
+                              Status* status) noexcept {
+  auto result = [&](Status s, std::uint64_t hash) {
+    if (status != nullptr) *status = s;
+    return hash;
+  };
+  if (commId == 0) commId = kZeroCommId;
+  if (proposed == kPinPending) proposed = kPinNoPlan;
+  const auto callStart = std::chrono::steady_clock::now();
+  const auto deadline = callStart + kPinWait;
+  const std::size_t start = mix(commId) % kCommPins;
+  CommPin* pins = segment_->pins;
+
+  // Scan the probe chain up to its first free entry: an entry of ours is adopted; otherwise the first free or stale
+  // entry is claimed. Every rank scans the same chain and claims by CAS, so the ranks of one communicator meet at
+  // one entry.
+  for (;;) {
+    const auto steadyNow = std::chrono::steady_clock::now();
+    if (steadyNow > deadline) return result(Status::kTorn, kPinPending);
+    const std::int64_t now = detail::realtimeNs();
+    CommPin* candidate = nullptr;
+    std::uint64_t candidateId = 0;
+    std::uint64_t candidateHash = 0;
+    std::int64_t candidateStamp = 0;
+    bool rescan = false;
+    CommPin* mine = nullptr;
+    for (std::size_t probe = 0; probe < kCommPins && !rescan && mine == nullptr; ++probe) {
+      CommPin& pin = pins[(start + probe) % kCommPins];
+      const std::uint64_t id = ref(pin.commId).load(std::memory_order_acquire);
+      if (id == 0) {
+        if (candidate == nullptr) candidate = &pin;
+        break;
+      }
+      const std::uint64_t hash = ref(pin.planHash).load(std::memory_order_acquire);
+      const std::int64_t stamp = ref(pin.stampNs).load(std::memory_order_acquire);
+      // A claimer stores commId before the stamp: the three values belong together only if the id held still.
+      if (ref(pin.commId).load(std::memory_order_acquire) != id) {
+        rescan = true;
+        break;
+      }
+      const bool stale = pinIsStale(stamp, now);
+      if (id == commId && (hash == kPinPending || !stale)) {
+        mine = &pin;
+      } else if (hash == kPinPending) {
+        // With a fresh stamp the claim is another communicator's and its id is final. With an old one it may be a
+        // stale entry being reclaimed, possibly for us: wait for it, unless we have waited so long that its claimer
+        // must have died between two stores.
+        if (!stale || steadyNow - callStart > kDeadClaim) continue;
+        rescan = true;
+      } else if (stale && candidate == nullptr) {
+        candidate = &pin;
+        candidateId = id;
+        candidateHash = hash;
+        candidateStamp = stamp;
+      }
+    }
+    if (mine != nullptr) {
+      std::uint64_t hash;
+      while ((hash = ref(mine->planHash).load(std::memory_order_acquire)) == kPinPending) {
+        if (std::chrono::steady_clock::now() > deadline) return result(Status::kTorn, kPinPending);
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
+      // The entry may have been reclaimed for another communicator while we waited.
+      if (ref(mine->commId).load(std::memory_order_acquire) == commId) return result(Status::kOk, hash);
+      continue;
+    }
+    if (rescan) {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      continue;
+    }
+    if (candidate == nullptr) return result(Status::kPinTableFull, kPinPending);
+
+    if (candidateId == 0) {
+      // A free entry's planHash is already kPinPending: owning commId is enough.
+      std::uint64_t expected = 0;
+      if (!ref(candidate->commId).compare_exchange_strong(expected, commId, std::memory_order_acq_rel)) continue;
+    } else {
+      // A stale entry is taken by turning its hash pending first, so nobody adopts the old hash under our id.
+      std::uint64_t expected = candidateHash;
+      if (!ref(candidate->planHash).compare_exchange_strong(expected, kPinPending, std::memory_order_acq_rel)) {
+        continue;
+      }
+      // Another rank may have reclaimed it and stored the same hash again (ABA): its new stamp tells.
+      if (ref(candidate->stampNs).load(std::memory_order_acquire) != candidateStamp ||
+          ref(candidate->commId).load(std::memory_order_acquire) != candidateId) {
+        ref(candidate->planHash).store(candidateHash, std::memory_order_release);
+        continue;
+      }
+      ref(candidate->commId).store(commId, std::memory_order_release);
+    }
+    ref(candidate->nRanks).store(nRanks, std::memory_order_relaxed);
+    ref(candidate->nNodes).store(nNodes, std::memory_order_relaxed);
+    ref(candidate->stampNs).store(detail::realtimeNs(), std::memory_order_release);
+    ref(candidate->planHash).store(proposed, std::memory_order_release);
+    return result(Status::kOk, proposed);
+  }
+}
+
+std::vector<CommPin> Reader::pins() const {
+  std::vector<CommPin> out;
+  for (CommPin& pin : segment_->pins) {
+    CommPin p{};
+    p.commId = ref(pin.commId).load(std::memory_order_acquire);
+    if (p.commId == 0) continue;
+    p.planHash = ref(pin.planHash).load(std::memory_order_acquire);
+    p.stampNs = ref(pin.stampNs).load(std::memory_order_relaxed);
+    p.nRanks = ref(pin.nRanks).load(std::memory_order_relaxed);
+    p.nNodes = ref(pin.nNodes).load(std::memory_order_relaxed);
+    out.push_back(p);
+  }
+  return out;
+}
+
+void Reader::recordCall(std::uint32_t coll, std::uint64_t nBytes) noexcept {
+  if (coll >= kNumCollectives) return;
+  ref(segment_->activity.calls[coll][sizeBucket(nBytes)]).fetch_add(1, std::memory_order_relaxed);
+}
+
+Activity Reader::activity() const noexcept {
+  Activity out{};
+  for (std::uint32_t c = 0; c < kNumCollectives; ++c) {
+    for (std::uint32_t b = 0; b < kSizeBuckets; ++b) {
+      out.calls[c][b] = ref(segment_->activity.calls[c][b]).load(std::memory_order_relaxed);
+    }
+  }
+  return out;
+}
+
+}  // namespace optiflow::schedcache

@@ -1,0 +1,94 @@
+// The tuner's decisions, in plain C++ (no NCCL types): which plan a communicator uses (the consistency rule of
+// docs/consistency.md) and how a plan's decision is applied to NCCL's cost table. The plugin layer (plugin/) turns
+// NCCL's arguments into these calls and back.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "optiflow/schedcache/reader.h"
+
+namespace optiflow::tuner {
+
+// What the plugin read once from the environment at init (plugin/include/optiflow/plugin/params.h).
+struct Settings {
+  bool enabled = true;                  // OPTIFLOW_TUNER=off: never use a plan
+  std::string ns = "default";           // OPTIFLOW_NAMESPACE
+  std::optional<std::uint64_t> pinned;  // OPTIFLOW_PLAN
+  bool missingUsesDefaults = false;     // OPTIFLOW_PLAN_MISSING=defaults
+  std::string ncclOverride;             // "NCCL_ALGO=..." / "NCCL_PROTO=..." when the user set them
+  std::string host;                     // this node's name, for messages
+  int settleS = 60;                     // OPTIFLOW_SETTLE_S
+};
+
+// What NCCL tells tuner init about the communicator. v2-v4 (NCCL 2.21-2.27) give no communicator id.
+struct CommShape {
+  std::optional<std::uint64_t> commId;
+  std::uint32_t nRanks = 0;
+  std::uint32_t nNodes = 0;
+};
+
+enum class LogLevel { kWarn, kInfo };
+// The plugin forwards these to NCCL's logger (subsystem TUNING). Called in init only.
+class Log {
+ public:
+  virtual ~Log() = default;
+  virtual void write(LogLevel level, const std::string& message) = 0;
+};
+
+class CommTuner;
+
+struct InitResult {
+  std::unique_ptr<CommTuner> tuner;  // never null when ok
+  bool ok = true;                    // false: init must fail (a pinned plan is missing); message says why
+  std::string message;
+};
+
+// Decides the plan of one communicator:
+//   disabled, or NCCL_ALGO/NCCL_PROTO set           -> no plan
+//   OPTIFLOW_PLAN=H                                  -> H; if this node lacks H: fail (or no plan with
+//                                                       OPTIFLOW_PLAN_MISSING=defaults, logged as a warning)
+//   unpinned, more than one node                     -> no plan (nodes read different segments)
+//   unpinned, one node, no communicator id (v2-v4)   -> no plan (ranks cannot agree through the segment)
+//   unpinned, one node, communicator id              -> the pin of this communicator in the segment: the first
+//                                                       rank records the current plan (no plan while the segment
+//                                                       is younger than settleS: a peer may have initialised
+//                                                       before it existed), the others adopt it; a recorded plan
+//                                                       this rank cannot load fails init
+// Problems with the segment itself (absent, garbage, other version, wrong owner) mean no plan, logged once per
+// process and reason.
+InitResult initComm(const Settings& settings, const CommShape& shape, Log& log);
+
+class CommTuner {
+ public:
+  CommTuner() = default;
+  CommTuner(schedcache::CommPlan plan, std::unique_ptr<schedcache::Reader> reader);
+
+  bool hasPlan() const noexcept { return plan_.planHash != 0; }
+  std::uint64_t planHash() const noexcept { return plan_.planHash; }
+
+  // Hot path (NCCL >= 2.22): table is NCCL's contiguous float[numAlgo][numProto] of µs, -1 = unavailable. Sets the
+  // plan's entry to 0.0 (and any other 0.0 entry to a tiny positive cost, so the tie rule cannot pick it) and
+  // *nChannels when the plan has a channel count. Leaves everything untouched (returns false) without a decision,
+  // or when the decision's entry is -1 or outside numAlgo x numProto: an entry NCCL disabled is never enabled.
+  bool applyCostTable(std::uint32_t coll, std::uint64_t nBytes, float* table, int numAlgo, int numProto,
+                      int* nChannels) const noexcept;
+  // Hot path (v2, NCCL 2.21): no table; writes algorithm/protocol only when the algorithm is one NCCL 2.21 can run
+  // for that collective given collNet/NVLS support.
+  bool applyDirect(std::uint32_t coll, std::uint64_t nBytes, bool collNetSupport, bool nvlsSupport, int* algorithm,
+                   int* protocol, int* nChannels) const noexcept;
+  // v6 getChunkSize: the plan's chunk size when NCCL's final (algo, proto) is the plan's decision for this call.
+  bool chunkSize(std::uint32_t coll, std::uint64_t nBytes, int algorithm, int protocol,
+                 std::size_t* chunkBytes) const noexcept;
+
+  std::size_t memoryBytes() const noexcept;  // private bytes of this communicator (the footprint benchmark)
+
+ private:
+  schedcache::CommPlan plan_;
+  std::unique_ptr<schedcache::Reader> reader_;  // for the activity counters; null without a segment
+};
+
+}  // namespace optiflow::tuner

@@ -1,0 +1,238 @@
+#include "optiflow/tuner/tuner.h"
+
+#include <time.h>
+
+#include <array>
+#include <atomic>
+#include <string>
+#include <utility>
+
+namespace optiflow::tuner {
+
+namespace {
+
+using schedcache::Status;
+
+// A broken or absent segment would otherwise be reported by every communicator of a job: once per process and
+// reason is enough to be seen and not enough to flood NCCL's log.
+bool firstTime(Status s) {
+  static std::array<std::atomic<bool>, 32> seen{};
+  const auto i = static_cast<std::size_t>(s) % seen.size();
+  return !seen[i].exchange(true, std::memory_order_relaxed);
+}
+
+std::string planName(std::uint64_t hash) { return schedcache::formatHash(hash); }
+
+std::int64_t realtimeNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+InitResult noPlan(Log& log, LogLevel level, const std::string& message,
+                  std::unique_ptr<schedcache::Reader> reader = nullptr) {
+  if (!message.empty()) log.write(level, message);
+  InitResult r;
+  r.tuner = std::make_unique<CommTuner>(schedcache::CommPlan{}, std::move(reader));
+  return r;
+}
+
+InitResult fail(const std::string& message) {
+  InitResult r;
+  r.ok = false;
+  r.message = message;
+  return r;
+}
+
+std::string shapeText(const CommShape& shape) {
+  std::string s = std::to_string(shape.nRanks) + " ranks, " + std::to_string(shape.nNodes) + " node" +
+                  (shape.nNodes == 1 ? "" : "s");
+  if (shape.commId) s += ", communicator " + planName(*shape.commId);
+  return s;
+}
+
+InitResult loaded(Log& log, const schedcache::CommPlan& plan, std::unique_ptr<schedcache::Reader> reader,
+                  const CommShape& shape, const char* how) {
+  log.write(LogLevel::kInfo, "using plan " + planName(plan.planHash) + " (" + how + ") for " + shapeText(shape) + ": " +
+                                 std::to_string(plan.entryCount()) + " decisions" +
+                                 (plan.entryCount() == 0 ? " (none for this shape: NCCL decides)" : ""));
+  InitResult r;
+  r.tuner = std::make_unique<CommTuner>(plan, std::move(reader));
+  return r;
+}
+
+}  // namespace
+
+InitResult initComm(const Settings& settings, const CommShape& shape, Log& log) {
+  if (!settings.enabled) return noPlan(log, LogLevel::kInfo, "OPTIFLOW_TUNER=off: NCCL decides");
+  if (!settings.ncclOverride.empty()) {
+    return noPlan(log, LogLevel::kInfo, settings.ncclOverride + " is set: OptiFlow steps aside, NCCL decides");
+  }
+
+  schedcache::Error attachError;
+  std::unique_ptr<schedcache::Reader> reader = schedcache::Reader::attach(settings.ns, &attachError);
+
+  if (settings.pinned) {
+    // A pinned plan is the job's promise that every node uses it: a node without it must not quietly use NCCL's
+    // defaults while the others use the plan.
+    const std::string name = planName(*settings.pinned);
+    std::string why;
+    schedcache::CommPlan plan;
+    if (!reader) {
+      why = attachError.message;
+    } else {
+      std::string detail;
+      const Status s = reader->loadComm(*settings.pinned, shape.nRanks, shape.nNodes, &plan, &detail);
+      if (s == Status::kOk) {
+        if (shape.commId) {
+          Status pinStatus = Status::kOk;
+          reader->pinComm(*shape.commId, plan.planHash, shape.nRanks, shape.nNodes, &pinStatus);
+        }
+        return loaded(log, plan, std::move(reader), shape, "pinned by OPTIFLOW_PLAN");
+      }
+      why = std::string(schedcache::toString(s)) + (detail.empty() ? "" : ": " + detail);
+    }
+    const std::string message = "OPTIFLOW_PLAN=" + name + " is not usable on node " + settings.host + " (namespace " +
+                                settings.ns + "): " + why;
+    if (settings.missingUsesDefaults) {
+      return noPlan(log, LogLevel::kWarn, message + "; OPTIFLOW_PLAN_MISSING=defaults: NCCL decides on this node");
+    }
+    return fail(message +
+                ". Publish the plan on this node (optiflow cache publish) or set "
+                "OPTIFLOW_PLAN_MISSING=defaults to run with NCCL's defaults");
+  }
+
+  if (!reader) {
+    if (attachError.status == Status::kAbsent) {
+      if (firstTime(attachError.status)) log.write(LogLevel::kInfo, attachError.message + ": NCCL decides");
+    } else if (firstTime(attachError.status)) {
+      log.write(LogLevel::kWarn, "schedule cache unusable, NCCL decides: " + attachError.message);
+    }
+    return noPlan(log, LogLevel::kInfo, "");
+  }
+  if (shape.nNodes > 1) {
+    return noPlan(log, LogLevel::kInfo,
+                  "communicator spans " + std::to_string(shape.nNodes) +
+                      " nodes and no plan is pinned (OPTIFLOW_PLAN): NCCL decides (docs/consistency.md)",
+                  std::move(reader));
+  }
+  if (!shape.commId) {
+    return noPlan(log, LogLevel::kInfo,
+                  "this NCCL's tuner API gives no communicator id, so ranks cannot agree on a plan through the cache "
+                  "and no plan is pinned (OPTIFLOW_PLAN): NCCL decides",
+                  std::move(reader));
+  }
+
+  // One node, unpinned: the communicator's pin in the segment decides, so every rank on the node uses one plan
+  // even when a publish lands between their inits.
+  schedcache::CommPlan current;
+  std::string detail;
+  Status cs = Status::kNoPlan;
+  const std::int64_t ageNs = realtimeNs() - reader->createdNs();
+  if (ageNs < static_cast<std::int64_t>(settings.settleS) * 1000000000LL) {
+    // A peer that initialised before the segment existed used no plan and recorded nothing; within the settle time
+    // this rank may be its peer, so it records "no plan" too.
+    log.write(LogLevel::kInfo, "schedule cache " + settings.ns + " was created " +
+                                   std::to_string(ageNs / 1000000000LL) + " s ago (< OPTIFLOW_SETTLE_S=" +
+                                   std::to_string(settings.settleS) + "): this communicator records no plan");
+  } else {
+    cs = reader->loadComm(0, shape.nRanks, shape.nNodes, &current, &detail);
+    if (cs != Status::kOk && cs != Status::kNoPlan && firstTime(cs)) {
+      log.write(LogLevel::kWarn, "current plan unreadable (" + std::string(schedcache::toString(cs)) + ": " + detail +
+                                     "); this communicator records no plan");
+    }
+  }
+  const std::uint64_t proposed = cs == Status::kOk ? current.planHash : schedcache::kPinNoPlan;
+  Status pinStatus = Status::kOk;
+  const std::uint64_t adopted = reader->pinComm(*shape.commId, proposed, shape.nRanks, shape.nNodes, &pinStatus);
+  if (adopted == schedcache::kPinPending) {
+    // Without a pin this rank cannot know what the others chose; guessing could hang the job.
+    return fail("cannot record or read the plan of communicator " + planName(*shape.commId) + " in namespace " +
+                settings.ns + " on node " + settings.host + ": " + std::string(schedcache::toString(pinStatus)));
+  }
+  if (adopted == schedcache::kPinNoPlan) {
+    return noPlan(log, LogLevel::kInfo, "no plan for " + shapeText(shape) + ": NCCL decides", std::move(reader));
+  }
+  if (adopted == proposed) return loaded(log, current, std::move(reader), shape, "current plan, recorded");
+  schedcache::CommPlan plan;
+  const Status as = reader->loadComm(adopted, shape.nRanks, shape.nNodes, &plan, &detail);
+  if (as != Status::kOk) {
+    return fail("the other ranks of communicator " + planName(*shape.commId) + " on node " + settings.host +
+                " use plan " + planName(adopted) + ", which this rank cannot load: " +
+                std::string(schedcache::toString(as)) + (detail.empty() ? "" : ": " + detail));
+  }
+  return loaded(log, plan, std::move(reader), shape, "adopted from the first rank");
+}
+
+CommTuner::CommTuner(schedcache::CommPlan plan, std::unique_ptr<schedcache::Reader> reader)
+    : plan_(std::move(plan)), reader_(std::move(reader)) {}
+
+bool CommTuner::applyCostTable(std::uint32_t coll, std::uint64_t nBytes, float* table, int numAlgo, int numProto,
+                               int* nChannels) const noexcept {
+  if (reader_) reader_->recordCall(coll, nBytes);
+  if (!hasPlan() || table == nullptr || numAlgo <= 0 || numProto <= 0) return false;
+  const schedcache::Decision* d = plan_.find(coll, nBytes);
+  if (d == nullptr || d->algorithm < 0 || d->protocol < 0 || d->algorithm >= numAlgo || d->protocol >= numProto) {
+    return false;
+  }
+  float& chosen = table[d->algorithm * numProto + d->protocol];
+  if (!(chosen >= 0.0f)) return false;  // -1 (or NaN): NCCL cannot run it here; never enable it
+  // NCCL takes the smallest non-negative cost and, on a tie, the first in [algo][proto] order: an earlier 0.0
+  // would win over ours, so other zeros become the smallest positive cost.
+  for (int i = 0; i < numAlgo * numProto; ++i) {
+    if (table[i] == 0.0f) table[i] = 1e-6f;
+  }
+  chosen = 0.0f;
+  if (d->nChannels > 0 && nChannels != nullptr) *nChannels = d->nChannels;
+  return true;
+}
+
+bool CommTuner::applyDirect(std::uint32_t coll, std::uint64_t nBytes, bool collNetSupport, bool nvlsSupport,
+                            int* algorithm, int* protocol, int* nChannels) const noexcept {
+  if (reader_) reader_->recordCall(coll, nBytes);
+  if (!hasPlan() || algorithm == nullptr || protocol == nullptr) return false;
+  const schedcache::Decision* d = plan_.find(coll, nBytes);
+  if (d == nullptr || d->algorithm < 0 || d->protocol < 0 || d->protocol >= schedcache::kNumProtocols) return false;
+  // What NCCL 2.21 (no cost table, six algorithms) can run: Tree only for AllReduce, CollNet and NVLS only where
+  // supported, no PAT.
+  using A = schedcache::Algorithm;
+  const auto algo = static_cast<A>(d->algorithm);
+  const bool allReduce = coll == static_cast<std::uint32_t>(schedcache::Collective::kAllReduce);
+  bool ok = false;
+  switch (algo) {
+    case A::kRing:
+      ok = true;
+      break;
+    case A::kTree:
+      ok = allReduce;
+      break;
+    case A::kCollNetDirect:
+    case A::kCollNetChain:
+      ok = collNetSupport && allReduce;
+      break;
+    case A::kNvls:
+    case A::kNvlsTree:
+      ok = nvlsSupport && allReduce;
+      break;
+    default:
+      ok = false;
+  }
+  if (!ok) return false;
+  *algorithm = d->algorithm;
+  *protocol = d->protocol;
+  if (d->nChannels > 0 && nChannels != nullptr) *nChannels = d->nChannels;
+  return true;
+}
+
+bool CommTuner::chunkSize(std::uint32_t coll, std::uint64_t nBytes, int algorithm, int protocol,
+                          std::size_t* chunkBytes) const noexcept {
+  if (!hasPlan() || chunkBytes == nullptr) return false;
+  const schedcache::Decision* d = plan_.find(coll, nBytes);
+  if (d == nullptr || d->chunkBytes == 0 || d->algorithm != algorithm || d->protocol != protocol) return false;
+  *chunkBytes = static_cast<std::size_t>(d->chunkBytes);
+  return true;
+}
+
+std::size_t CommTuner::memoryBytes() const noexcept { return sizeof(*this) + plan_.memoryBytes(); }
+
+}  // namespace optiflow::tuner
