@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <exception>
 #include <memory>
@@ -93,9 +94,12 @@ ncclResult_t tunerInit(void** context, std::optional<std::uint64_t> commId, std:
       return failed(logFunction, false, ncclInvalidUsage, "tuner init: " + error);
     }
     abortOnError = params.abortOnError;
-    for (const std::string& name : unknownParams(environ)) {
-      OPTIFLOW_TUNER_WARN(logFunction, "unknown variable %s ignored (see docs/schedcache.md for the list)",
-                          name.c_str());
+    static std::atomic<bool> unknownReported{false};  // once per process, not once per communicator
+    if (!unknownReported.exchange(true)) {
+      for (const std::string& name : unknownParams(environ)) {
+        OPTIFLOW_TUNER_WARN(logFunction, "unknown variable %s ignored (see docs/schedcache.md for the list)",
+                            name.c_str());
+      }
     }
     if (nRanks == 0 || nNodes == 0 || nRanks > 0xffffffffu || nNodes > nRanks) {
       return failed(logFunction, abortOnError, ncclInvalidArgument,

@@ -160,6 +160,9 @@ std::string validatePlan(const Plan& plan) {
     if (a == -1 && p != -1) {
       return describe(it, i) + ": protocol " + std::string(toString(it.protocol)) + " without an algorithm";
     }
+    if (a == -1 && (it.nChannels != 0 || it.chunkBytes != 0)) {
+      return describe(it, i) + ": a channel count or chunk size without an algorithm";
+    }
     if (it.nChannels < 0) return describe(it, i) + ": negative channel count " + std::to_string(it.nChannels);
     if (it.minBytes > it.maxBytes) return describe(it, i) + ": minBytes is greater than maxBytes";
     if (it.nRanks == 0) return describe(it, i) + ": zero ranks";

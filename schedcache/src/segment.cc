@@ -265,6 +265,8 @@ std::string checkSlotContent(const SlotCopy& copy) {
       what = "algorithm " + std::to_string(e.algorithm) + " out of range";
     } else if (e.protocol < -1 || e.protocol >= kNumProtocols) {
       what = "protocol " + std::to_string(e.protocol) + " out of range";
+    } else if (e.algorithm < 0 && (e.protocol >= 0 || e.nChannels != 0 || e.chunkBytes != 0)) {
+      what = "a protocol, channel count or chunk size without an algorithm";
     } else if (e.nChannels < 0) {
       what = "negative channel count";
     } else if (e.minBytes > e.maxBytes || e.nRanks == 0 || e.nNodes == 0) {

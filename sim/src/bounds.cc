@@ -753,12 +753,13 @@ Term BoundModel::Impl::bestCut(const CutTable& table, Collective coll, BoundKind
       double frac = side == 0 ? f.out : f.in;
       if (frac <= 0 || s.bw == kNoCut) continue;
       double coef = s.bw > 0 ? frac / toGBps(s.bw) : std::numeric_limits<double>::infinity();
+      const int gpus = key.gpus;  // clang < 16 cannot capture a structured binding
       consider(best, coef, kind, [&] {
         const char* label = kind == BoundKind::PerGpu    ? "GPU cut"
                             : kind == BoundKind::PerNode ? "node cut"
                                                          : "vertex cut";
         return fmt::format("{}: {} ({} of {} GPUs) must {} {} over {} GB/s of {}", label, describeSet(m.graph, s.w),
-                           key.gpus, n, side == 0 ? "send out" : "receive", fractionText(coll, key.gpus, n, side == 0),
+                           gpus, n, side == 0 ? "send out" : "receive", fractionText(coll, gpus, n, side == 0),
                            toGBps(s.bw), side == 0 ? "egress" : "ingress");
       });
     }

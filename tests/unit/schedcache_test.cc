@@ -307,6 +307,9 @@ TEST(PlanValidate, NamesTheItem) {
   it = good;
   it.algorithm = Algorithm::kNone;
   EXPECT_EQ(one(it).rfind(name + ": protocol LL without an algorithm", 0), 0u) << one(it);
+  it.protocol = Protocol::kNone;
+  it.nChannels = 4;
+  EXPECT_EQ(one(it).rfind(name + ": a channel count or chunk size without an algorithm", 0), 0u) << one(it);
   it = good;
   it.nChannels = -1;
   EXPECT_EQ(one(it).rfind(name + ": negative channel", 0), 0u) << one(it);
