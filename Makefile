@@ -36,10 +36,11 @@ demo: build
 	@echo "== optiflow verify $(DEMO_DIR)/dgx-a100x4-allgather/schedules/allgather-1MiB.xml (an exported MSCCL schedule)"
 	@$(OPTIFLOW) verify $(DEMO_DIR)/dgx-a100x4-allgather/schedules/allgather-1MiB.xml | tail -n 1
 
-# Google Benchmark micro-benchmarks (simulator scaling); medians of 3 repetitions.
+# Google Benchmark micro-benchmarks (simulator scaling, compile speed, the tuner's per-call cost).
 bench: build
 	@$(BUILD_DIR)/bench/sim_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 	@$(BUILD_DIR)/bench/compile_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+	@$(BUILD_DIR)/bench/tuner_bench --benchmark_repetitions=10 --benchmark_report_aggregates_only=true
 
 # The sanitizer build CI runs as well.
 asan:

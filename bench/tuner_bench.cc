@@ -52,6 +52,7 @@ struct Fixture {
   const ncclTuner_v5_t* tuner = nullptr;
   void* ctx = nullptr;
   std::size_t privateBytes = 0;
+  bool published = false;
   std::vector<std::size_t> sizes;
 
   explicit Fixture(bool publish) : ns("bench-" + std::to_string(getpid()) + (publish ? "-plan" : "-none")) {
@@ -64,8 +65,10 @@ struct Fixture {
         std::fprintf(stderr, "tuner_bench: cannot publish: %s\n", e.message.c_str());
         std::exit(1);
       }
+      published = true;
     }
     setenv("OPTIFLOW_NAMESPACE", ns.c_str(), 1);
+    setenv("OPTIFLOW_SETTLE_S", "0", 1);  // the segment is milliseconds old; see docs/consistency.md
     lib = dlopen(OPTIFLOW_TUNER_PLUGIN, RTLD_NOW | RTLD_LOCAL);
     if (lib == nullptr) {
       std::fprintf(stderr, "tuner_bench: %s\n", dlerror());
@@ -103,6 +106,7 @@ void run(benchmark::State& state, Fixture& f) {
     benchmark::DoNotOptimize(table);
     ++i;
   }
+  if (f.published && applied == 0) state.SkipWithError("the plan was never applied: the benchmark measures nothing");
   state.counters["private_bytes"] = static_cast<double>(f.privateBytes);
   state.counters["applied_fraction"] = static_cast<double>(applied) / static_cast<double>(i == 0 ? 1 : i);
 }
