@@ -707,6 +707,24 @@ TEST_F(SchedCacheTest, OtherOwnerRefused) {
   EXPECT_EQ(e.status, Status::kNotOwner);
 }
 
+TEST_F(SchedCacheTest, AnotherUsersSegmentSharedWithOurGroupIsAccepted) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give the segment to another uid";
+  auto w = openWriter();
+  ASSERT_NE(w, nullptr);
+  // What `cache publish --group G` by another member of G leaves: 0660, owner another uid, group G.
+  ASSERT_EQ(::chown(path().c_str(), 65534, ::getegid()), 0);
+  ASSERT_EQ(::chmod(path().c_str(), 0660), 0);
+  std::string message;
+  EXPECT_EQ(attachStatus(&message), Status::kOk) << message;
+  // The same segment for a group this process is not in.
+  ASSERT_EQ(::chown(path().c_str(), 65534, 65533), 0);
+  EXPECT_EQ(attachStatus(&message), Status::kNotOwner) << message;
+  // Ours by group, but not group-writable: not shared.
+  ASSERT_EQ(::chown(path().c_str(), 65534, ::getegid()), 0);
+  ASSERT_EQ(::chmod(path().c_str(), 0640), 0);
+  EXPECT_EQ(attachStatus(&message), Status::kNotOwner) << message;
+}
+
 TEST_F(SchedCacheTest, AbsentSegment) {
   std::string message;
   EXPECT_EQ(attachStatus(&message), Status::kAbsent);
