@@ -118,12 +118,6 @@ std::string formatTime(std::int64_t ns) {
   return std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm) > 0 ? std::string(buf) : std::string("?");
 }
 
-std::int64_t nowNs() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
-
 // [min, max] inclusive, shown as the half-open range people read: "[4KiB, 1MiB)", "[1MiB, inf)".
 std::string sizeRange(std::uint64_t minBytes, std::uint64_t maxBytes) {
   const std::string end =
@@ -295,7 +289,7 @@ int runCacheShow(const CacheArgs& args) {
     }
   }
   sortItems(plan.items);
-  const std::int64_t now = nowNs();
+  const std::int64_t now = sc::realtimeNs();
 
   if (args.json) {
     json j;
@@ -481,13 +475,9 @@ int runCacheClear(const CacheArgs& args) {
       // Ranks of a communicator that is initialising right now would split: the first ones use a plan, the rest
       // find no cache. Pins younger than the adopt window say such communicators may exist.
       if (std::unique_ptr<sc::Reader> reader = sc::Reader::attach(*ns, &error)) {
-        timespec ts{};
-        clock_gettime(CLOCK_REALTIME, &ts);
-        const std::int64_t now = static_cast<std::int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+        const std::int64_t now = sc::realtimeNs();
         int young = 0;
-        for (const sc::CommPin& pin : reader->pins()) {
-          young += pin.commId != 0 && now - pin.stampNs <= sc::kPinAdoptWindowS * 1000000000LL ? 1 : 0;
-        }
+        for (const sc::CommPin& pin : reader->pins()) young += pin.commId != 0 && sc::pinIsYoung(pin.stampNs, now);
         if (young > 0) {
           fmt::print(stderr,
                      "optiflow: {} communicator{} initialised with {} in the last {} s; removing it now could give "

@@ -18,7 +18,6 @@ namespace {
 
 // NCCL versions without a communicator id pass 0, which marks a free pin: give it an id of its own.
 constexpr std::uint64_t kZeroCommId = 0x9e3779b97f4a7c15ULL;
-constexpr std::int64_t kNsPerS = 1000000000LL;
 constexpr auto kPinWait = std::chrono::seconds(1);
 // A claim takes a few stores; one that has not moved for this long belongs to a rank that died.
 constexpr auto kDeadClaim = std::chrono::milliseconds(100);
@@ -36,7 +35,7 @@ std::uint64_t mix(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
-bool pinIsStale(std::int64_t stampNs, std::int64_t nowNs) { return nowNs - stampNs > kPinAdoptWindowS * kNsPerS; }
+bool pinIsStale(std::int64_t stampNs, std::int64_t nowNs) { return !pinIsYoung(stampNs, nowNs); }
 
 void setDetail(std::string* detail, std::string text) {
   if (detail != nullptr) *detail = std::move(text);

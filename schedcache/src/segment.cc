@@ -19,6 +19,16 @@
 
 #include "optiflow/schedcache/plan.h"
 
+namespace optiflow::schedcache {
+
+std::int64_t realtimeNs() noexcept {
+  timespec ts{};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+}  // namespace optiflow::schedcache
+
 namespace optiflow::schedcache::detail {
 namespace {
 
@@ -60,12 +70,6 @@ std::string errnoText(int err) {
   // GNU strerror_r returns the message, which may not be buf.
   const char* text = ::strerror_r(err, buf, sizeof(buf));
   return std::string(text) + " (errno " + std::to_string(err) + ")";
-}
-
-std::int64_t realtimeNs() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
 }
 
 std::uint32_t headerChecksum(const SegmentHeader& header) {

@@ -32,7 +32,7 @@ class MappedSegment {
 
 Error makeError(Status status, std::string message);
 std::string errnoText(int err);
-std::int64_t realtimeNs();
+using schedcache::realtimeNs;
 
 // Takes fd: fstat checks (owner, permissions, size), maps it, then the header checks, in Reader::attach's order.
 Error checkAndMap(int fd, const std::string& path, MappedSegment* out);

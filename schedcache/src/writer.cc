@@ -29,7 +29,6 @@ namespace {
 
 using detail::makeError;
 
-constexpr std::int64_t kNsPerS = 1000000000LL;
 
 template <typename T>
 std::atomic_ref<T> ref(T& v) {
@@ -356,7 +355,7 @@ std::optional<PublishResult> Writer::publish(const Plan& plan, Error* error) noe
       if (ref(pin.commId).load(std::memory_order_acquire) == 0) continue;
       const std::uint64_t h = ref(pin.planHash).load(std::memory_order_acquire);
       const std::int64_t stamp = ref(pin.stampNs).load(std::memory_order_acquire);
-      if (h != kPinPending && h != kPinNoPlan && now - stamp <= kPinAdoptWindowS * kNsPerS) pinned.insert(h);
+      if (h != kPinPending && h != kPinNoPlan && pinIsYoung(stamp, now)) pinned.insert(h);
     }
 
     std::uint32_t reuse = kNoSlot;

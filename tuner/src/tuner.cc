@@ -1,7 +1,5 @@
 #include "optiflow/tuner/tuner.h"
 
-#include <time.h>
-
 #include <array>
 #include <atomic>
 #include <string>
@@ -22,12 +20,6 @@ bool firstTime(Status s) {
 }
 
 std::string planName(std::uint64_t hash) { return schedcache::formatHash(hash); }
-
-std::int64_t realtimeNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
-}
 
 InitResult noPlan(Log& log, LogLevel level, const std::string& message,
                   std::unique_ptr<schedcache::Reader> reader = nullptr) {
@@ -128,7 +120,7 @@ InitResult initComm(const Settings& settings, const CommShape& shape, Log& log) 
   schedcache::CommPlan current;
   std::string detail;
   Status cs = Status::kNoPlan;
-  const std::int64_t ageNs = realtimeNs() - reader->createdNs();
+  const std::int64_t ageNs = schedcache::realtimeNs() - reader->createdNs();
   if (ageNs < static_cast<std::int64_t>(settings.settleS) * 1000000000LL) {
     // A peer that initialised before the segment existed used no plan and recorded nothing; within the settle time
     // this rank may be its peer, so it records "no plan" too.

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -34,6 +35,8 @@ struct Error {
 
 // "optiflow-<ns>" (a name under /dev/shm); false when ns is not [A-Za-z0-9_.-]{1,64}.
 bool validNamespace(std::string_view ns);
+// CLOCK_REALTIME in ns: the clock of every time stored in the segment (pins, publishes, creation).
+std::int64_t realtimeNs() noexcept;
 std::string segmentName(std::string_view ns);
 std::string segmentPath(std::string_view ns);  // /dev/shm/optiflow-<ns>
 std::string lockPath(std::string_view ns);     // /dev/shm/optiflow-<ns>.lock

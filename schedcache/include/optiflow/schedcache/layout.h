@@ -126,6 +126,10 @@ static_assert(std::is_trivially_copyable_v<CommPin> && sizeof(CommPin) == 32);
 // at the end of a collective comm init, so ranks are seconds apart). A slot whose plan a pin younger than this
 // names is not overwritten; an older pin may be reused.
 inline constexpr std::int64_t kPinAdoptWindowS = 600;
+// A pin recorded at stampNs still protects its plan (and its communicator may still be initialising) at nowNs.
+inline bool pinIsYoung(std::int64_t stampNs, std::int64_t nowNs) {
+  return nowNs - stampNs <= kPinAdoptWindowS * 1'000'000'000LL;
+}
 
 struct Activity {
   std::uint64_t calls[kNumCollectives][kSizeBuckets];  // atomic_ref, relaxed increments from getCollInfo
