@@ -29,7 +29,6 @@ namespace {
 
 using detail::makeError;
 
-
 template <typename T>
 std::atomic_ref<T> ref(T& v) {
   return std::atomic_ref<T>(v);
