@@ -25,6 +25,10 @@ if(OPTIFLOW_BUILD_BENCH)
   find_package(benchmark CONFIG REQUIRED)
 endif()
 
+# rdma-core is optional: the RDMA transport is built only with it (libibverbs-dev).
+pkg_check_modules(ibverbs IMPORTED_TARGET libibverbs)
+set(OPTIFLOW_HAVE_IBVERBS ${ibverbs_FOUND})
+
 # CUDA and NCCL are optional: detected, never required.
 set(OPTIFLOW_HAVE_CUDA OFF)
 set(OPTIFLOW_HAVE_NCCL OFF)

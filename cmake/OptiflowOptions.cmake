@@ -15,7 +15,7 @@ set(OPTIFLOW_CUDA_ROOT "/usr/local/cuda" CACHE PATH "Where to look for CUDA and 
 function(optiflow_print_summary)
   message(STATUS "OptiFlow ${PROJECT_VERSION} configuration:")
   foreach(opt OPTIFLOW_BUILD_TESTS OPTIFLOW_BUILD_BENCH OPTIFLOW_BUILD_FUZZERS OPTIFLOW_WARNINGS_AS_ERRORS
-              OPTIFLOW_SANITIZE OPTIFLOW_HAVE_CUDA OPTIFLOW_HAVE_NCCL)
+              OPTIFLOW_SANITIZE OPTIFLOW_HAVE_CUDA OPTIFLOW_HAVE_NCCL OPTIFLOW_HAVE_IBVERBS)
     message(STATUS "  ${opt} = ${${opt}}")
   endforeach()
 endfunction()

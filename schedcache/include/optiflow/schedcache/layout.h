@@ -8,6 +8,8 @@
 //   CommPin[]       "communicator X uses plan H": the first rank of a communicator on this node records it, the
 //                   other ranks adopt it (docs/consistency.md)
 //   Activity        calls per collective and log2 size, counted by the tuner for the daemon (relaxed atomics)
+//   NetRegion       rail weights for the net plugin's striping (written by the daemon/CLI) and its telemetry per NIC
+//                   and per peer (relaxed atomic adds from the plugins, read by the daemon)
 //   PlanSlot[]      published plans; a slot is written under its own sequence counter (odd while written) and
 //                   becomes current only after its checksum is stored, so a reader never uses a torn plan and a
 //                   writer killed mid-write leaves the previous current plan untouched (docs/schedcache.md)
@@ -136,6 +138,63 @@ struct Activity {
 };
 static_assert(std::is_trivially_copyable_v<Activity> && sizeof(Activity) == 8 * 5 * 64);
 
+// ---- Net plugin: rail weights and telemetry -------------------------------------------------------------------
+inline constexpr std::uint32_t kNetRails = 16;    // NICs a node can weight and report
+inline constexpr std::uint32_t kNetPeers = 256;   // remote addresses a node reports
+inline constexpr std::size_t kNetNameBytes = 48;  // "eth0", or a peer "10.1.2.3" / IPv6 text, NUL-terminated
+
+// Counters for one NIC or one peer. Every field is accessed through atomic_ref with relaxed adds by the plugins of
+// every process on the node; readers (daemon, `optiflow cache show`) take a snapshot and difference two of them.
+struct NetCounters {
+  std::uint64_t bytesSent;
+  std::uint64_t bytesRecv;
+  std::uint64_t msgsSent;
+  std::uint64_t msgsRecv;
+  std::uint64_t sendBusyNs;  // time with at least one send in flight: achieved send throughput = bytesSent / this
+  std::uint64_t recvBusyNs;
+  std::uint64_t stalls;  // progress calls that moved no byte although a request was waiting (full socket, ...)
+  std::uint64_t errors;  // connections failed (peer died, corrupt frame, ...)
+  std::uint64_t sizeLog2[kSizeBuckets];  // messages sent, by sizeBucket(bytes)
+};
+static_assert(std::is_trivially_copyable_v<NetCounters> && sizeof(NetCounters) == 8 * 8 + 8 * 64);
+
+// One NIC's or peer's counters. `key` (atomic_ref) is 0 while free; a plugin claims a free record with a CAS to
+// netNameKey(name), then writes name. Two processes claiming the same name find each other's record by key.
+struct NetStatsRecord {
+  std::uint64_t key;
+  std::int64_t lastNs;  // atomic_ref; CLOCK_REALTIME of the last update (coarse, set at connection events)
+  char name[kNetNameBytes];
+  NetCounters counters;
+};
+static_assert(std::is_trivially_copyable_v<NetStatsRecord> && sizeof(NetStatsRecord) == 64 + sizeof(NetCounters));
+
+// A rail's striping weight: the share of a striped message the sender puts on that NIC, relative to the other rails
+// of the connection. 0 means "do not use this rail" unless every rail is 0 (then equal shares). The sender reads the
+// weight for every message; the receiver never needs it (each message's frame says how it was split).
+struct NetRailWeight {
+  char name[16];         // interface name (IFNAMSIZ), NUL-terminated; "" for an unused record
+  std::uint32_t weight;  // atomic_ref
+  std::uint32_t reserved;
+};
+static_assert(std::is_trivially_copyable_v<NetRailWeight> && sizeof(NetRailWeight) == 24);
+
+struct NetRegion {
+  std::uint64_t railSeq;    // atomic_ref; sequence counter over rails[].name (odd while the set of names changes)
+  std::uint32_t railCount;  // records in use
+  std::uint32_t reserved;
+  NetRailWeight rails[kNetRails];
+  NetStatsRecord nics[kNetRails];
+  NetStatsRecord peers[kNetPeers];
+};
+static_assert(std::is_trivially_copyable_v<NetRegion> && sizeof(NetRegion) % 8 == 0);
+
+// Never 0 (0 marks a free record): FNV-1a over the name, with 0 mapped to 1.
+inline std::uint64_t netNameKey(const char* name, std::size_t length) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (std::size_t i = 0; i < length; ++i) h = (h ^ static_cast<unsigned char>(name[i])) * 0x100000001b3ULL;
+  return h == 0 ? 1 : h;
+}
+
 struct SegmentHeader {
   std::uint64_t magic;
   std::uint32_t layoutVersion;
@@ -163,11 +222,12 @@ struct Segment {
   SegmentHeader header;
   CommPin pins[kCommPins];
   Activity activity;
+  NetRegion net;
   PlanSlot slots[kPlanSlots];
 };
 static_assert(std::is_trivially_copyable_v<Segment>);
 static_assert(offsetof(Segment, pins) == 256 && offsetof(Segment, activity) == 256 + 32 * kCommPins);
-static_assert(offsetof(Segment, slots) % 8 == 0);
+static_assert(offsetof(Segment, net) % 8 == 0 && offsetof(Segment, slots) % 8 == 0);
 
 static_assert(std::atomic_ref<std::uint64_t>::is_always_lock_free &&
               std::atomic_ref<std::uint32_t>::is_always_lock_free);

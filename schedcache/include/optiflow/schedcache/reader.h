@@ -91,6 +91,20 @@ class Reader {
   void recordCall(std::uint32_t coll, std::uint64_t nBytes) noexcept;
   Activity activity() const noexcept;
 
+  // Net plugin telemetry (NetRegion). The counters of NIC / peer `name`, claimed on first use by any process of the
+  // node; nullptr when the name is empty or longer than kNetNameBytes-1, or the table is full. The plugin resolves a
+  // name once per connection and then does relaxed atomic adds on the returned record: no lookup on the data path.
+  NetCounters* netNic(std::string_view name) noexcept;
+  NetCounters* netPeer(std::string_view name) noexcept;
+  std::vector<NetStatsRecord> netNics() const;  // claimed records, copied with relaxed loads
+  std::vector<NetStatsRecord> netPeers() const;
+
+  // Rail weights for striping. railIndex: the record of interface `ifname`, -1 when none (resolve once per
+  // connection); railWeight: relaxed load of its weight (every message). railWeights: the named records.
+  int railIndex(std::string_view ifname) const noexcept;
+  std::uint32_t railWeight(int index) const noexcept;
+  std::vector<NetRailWeight> railWeights() const;
+
  private:
   struct Mapping;
   Reader(std::string ns, std::unique_ptr<Mapping> mapping);

@@ -9,6 +9,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "optiflow/schedcache/error.h"
 #include "optiflow/schedcache/plan.h"
@@ -48,6 +50,12 @@ class Writer {
   // callers that serve running jobs check Reader::pins() first (the remaining ranks of a communicator that is
   // initialising would find no cache while its first ranks use a plan; `optiflow cache clear --remove` refuses).
   static bool remove(std::string_view ns, Error* error) noexcept;
+
+  // Replaces the rail weights (interface name -> weight) under the writer lock. Names already present keep their
+  // record (a plugin that resolved the index keeps reading the right weight); new names take free records; names not
+  // listed get weight 0 and keep their record. kInvalidPlan-style refusal (status kBusy for a full table,
+  // kInvalidPlan for a bad name: empty, longer than 15 bytes, or not [A-Za-z0-9_.:-]) with a message naming it.
+  bool setRailWeights(const std::vector<std::pair<std::string, std::uint32_t>>& weights, Error* error) noexcept;
 
   // For tests of torn and interrupted writes: calls hook() after the slot is marked odd and half its entries are
   // written, before the checksum and before it becomes current.
