@@ -1,12 +1,14 @@
-// `optiflow cache publish|show|verify|clear`: the node's schedule cache (/dev/shm/optiflow-<namespace>), which the
-// NCCL tuner plugin reads when a communicator is created. Publishing proves every schedule a plan references first,
-// so nothing unproven reaches a training job.
+// `optiflow cache publish|show|verify|clear|rails`: the node's schedule cache (/dev/shm/optiflow-<namespace>), which
+// the NCCL tuner plugin reads when a communicator is created (and where the net plugin finds rail weights and counts
+// its traffic). Publishing proves every schedule a plan references first, so nothing unproven reaches a training job.
 #include <fcntl.h>
 #include <grp.h>
 #include <sys/types.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <charconv>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +23,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -195,6 +198,131 @@ void sortItems(std::vector<sc::PlanItem>& items) {
   });
 }
 
+// --group: false (reported) for a group this host does not know.
+bool resolveGroup(const CacheArgs& args, sc::WriterOptions* options) {
+  if (args.group.empty()) return true;
+  const group* g = ::getgrnam(args.group.c_str());
+  if (g == nullptr) {
+    fmt::print(stderr, "optiflow: unknown group \"{}\" (--group): expected a group of this host (getent group)\n",
+               args.group);
+    return false;
+  }
+  options->group = g->gr_gid;
+  return true;
+}
+
+// ---- Net plugin: rail weights and telemetry (NetRegion) ----
+
+constexpr std::uint32_t kMaxRailWeight = 1'000'000;  // the Writer refuses more (striping arithmetic)
+
+std::string railName(const sc::NetRailWeight& rail) { return std::string(rail.name, ::strnlen(rail.name, 16)); }
+
+// The share of a striped message each rail gets, as the plugin computes it: weight / sum, equal when all are 0.
+std::string railShare(const std::vector<sc::NetRailWeight>& rails, std::uint32_t weight) {
+  std::uint64_t sum = 0;
+  for (const sc::NetRailWeight& r : rails) sum += r.weight;
+  if (sum == 0) return fmt::format("{:.1f}%", 100.0 / static_cast<double>(rails.size()));
+  return fmt::format("{:.1f}%", 100.0 * weight / static_cast<double>(sum));
+}
+
+void printRails(const std::vector<sc::NetRailWeight>& rails, const char* indent) {
+  if (rails.empty()) {
+    fmt::print("{}none set: the net plugin gives every rail of a connection an equal share\n", indent);
+    return;
+  }
+  fmt::print("{}{:<15}  {:>8}  {:>6}\n", indent, "interface", "weight", "share");
+  for (const sc::NetRailWeight& r : rails) {
+    fmt::print("{}{:<15}  {:>8}  {:>6}{}\n", indent, railName(r), r.weight, railShare(rails, r.weight),
+               r.weight == 0 ? "  (unused while another rail has a weight)" : "");
+  }
+  fmt::print("{}(shares among all rails listed; a connection over fewer rails divides among its own)\n", indent);
+}
+
+// Bytes per busy nanosecond is GB/s (1 GB = 1e9 bytes, as nccl-tests uses).
+std::optional<double> achievedGbps(std::uint64_t bytes, std::uint64_t busyNs) {
+  if (busyNs == 0) return std::nullopt;
+  return static_cast<double>(bytes) / static_cast<double>(busyNs);
+}
+
+std::string gbpsText(std::uint64_t bytes, std::uint64_t busyNs) {
+  const std::optional<double> v = achievedGbps(bytes, busyNs);
+  return v ? fmt::format("{:.2f}", *v) : std::string("-");
+}
+
+std::string recordName(const sc::NetStatsRecord& r) {
+  const std::size_t n = ::strnlen(r.name, sc::kNetNameBytes);
+  return n == 0 ? std::string("(being claimed)") : std::string(r.name, n);
+}
+
+json netRecordJson(const sc::NetStatsRecord& r) {
+  const sc::NetCounters& c = r.counters;
+  auto rate = [](std::uint64_t bytes, std::uint64_t busyNs) {
+    const std::optional<double> v = achievedGbps(bytes, busyNs);
+    return v ? json(*v) : json(nullptr);
+  };
+  json bySize = json::array();
+  for (std::uint32_t b = 0; b < sc::kSizeBuckets; ++b) {
+    if (c.sizeLog2[b] != 0)
+      bySize.push_back({{"bucket", b}, {"size", fmt::format("2^{}", b)}, {"messages", c.sizeLog2[b]}});
+  }
+  return {{"name", std::string(r.name, ::strnlen(r.name, sc::kNetNameBytes))},
+          {"last_ns", r.lastNs},
+          {"bytes_sent", c.bytesSent},
+          {"bytes_recv", c.bytesRecv},
+          {"msgs_sent", c.msgsSent},
+          {"msgs_recv", c.msgsRecv},
+          {"send_busy_ns", c.sendBusyNs},
+          {"recv_busy_ns", c.recvBusyNs},
+          {"stalls", c.stalls},
+          {"errors", c.errors},
+          {"sent_by_size", bySize},
+          {"send_gbps", rate(c.bytesSent, c.sendBusyNs)},
+          {"recv_gbps", rate(c.bytesRecv, c.recvBusyNs)}};
+}
+
+void printNetRecords(const char* title, const std::vector<sc::NetStatsRecord>& records, std::int64_t now) {
+  fmt::print("  {}:{}\n", title, records.empty() ? " none" : "");
+  if (records.empty()) return;
+  fmt::print("    {:<24}  {:>10}  {:>10}  {:>10}  {:>10}  {:>9}  {:>9}  {:>7}  {:>6}  {:>8}\n", "name", "sent", "recv",
+             "msgs sent", "msgs recv", "send GB/s", "recv GB/s", "stalls", "errors", "last");
+  for (const sc::NetStatsRecord& r : records) {
+    const sc::NetCounters& c = r.counters;
+    const std::string age =
+        r.lastNs > 0 ? fmt::format("{:.0f}s ago", static_cast<double>(now - r.lastNs) / 1e9) : std::string("-");
+    fmt::print("    {:<24}  {:>10}  {:>10}  {:>10}  {:>10}  {:>9}  {:>9}  {:>7}  {:>6}  {:>8}\n", recordName(r),
+               core::formatSize(c.bytesSent), core::formatSize(c.bytesRecv), c.msgsSent, c.msgsRecv,
+               gbpsText(c.bytesSent, c.sendBusyNs), gbpsText(c.bytesRecv, c.recvBusyNs), c.stalls, c.errors, age);
+  }
+}
+
+bool validRailName(std::string_view name) {
+  if (name.empty() || name.size() > 15) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '.' || c == ':' || c == '-';
+  });
+}
+
+// "eth0=3": nullopt (reported, naming the argument and what was expected) when malformed.
+std::optional<std::pair<std::string, std::uint32_t>> parseRailWeight(const std::string& arg, std::size_t position) {
+  auto fail = [&](const std::string& why) {
+    fmt::print(stderr, "optiflow: rail weight \"{}\" (argument {}): {}\n", arg, position, why);
+    return std::nullopt;
+  };
+  const std::size_t eq = arg.find('=');
+  if (eq == std::string::npos) return fail("expected NAME=WEIGHT, e.g. eth0=3");
+  const std::string name = arg.substr(0, eq);
+  const std::string value = arg.substr(eq + 1);
+  if (!validRailName(name)) {
+    return fail(fmt::format("interface name \"{}\": expected 1 to 15 characters of A-Z a-z 0-9 _ . : -", name));
+  }
+  std::uint64_t weight = 0;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), weight);
+  if (value.empty() || ec != std::errc() || end != value.data() + value.size() || weight > kMaxRailWeight) {
+    return fail(fmt::format("weight \"{}\": expected an integer from 0 to {}", value, kMaxRailWeight));
+  }
+  return std::pair<std::string, std::uint32_t>(name, static_cast<std::uint32_t>(weight));
+}
+
 }  // namespace
 
 int runCachePublish(const CacheArgs& args) {
@@ -203,15 +331,7 @@ int runCachePublish(const CacheArgs& args) {
   sc::WriterOptions options;
   options.ns = *ns;
   options.build = OPTIFLOW_VERSION;
-  if (!args.group.empty()) {
-    const group* g = ::getgrnam(args.group.c_str());
-    if (g == nullptr) {
-      fmt::print(stderr, "optiflow: unknown group \"{}\" (--group): expected a group of this host (getent group)\n",
-                 args.group);
-      return kExitBadInput;
-    }
-    options.group = g->gr_gid;
-  }
+  if (!resolveGroup(args, &options)) return kExitBadInput;
   const std::string segment = sc::segmentPath(*ns);
 
   // Everything is loaded and proven before the segment is touched: a refused plan publishes nothing.
@@ -255,6 +375,10 @@ int runCachePublish(const CacheArgs& args) {
 //   entries: [{collective, ranks, nodes, min_bytes, max_bytes (inclusive), algorithm, protocol (null: NCCL
 //              decides), channels, chunk_bytes (0: NCCL decides), native_us, nccl_us, best_us, bound_us,
 //              schedule_id, schedule_json, schedule_xml (null: no synthesized schedule)}] of the current plan,
+//   rails: [{name, weight}] (the net plugin's rail weights, `cache rails set`),
+//   net: {nics: [...], peers: [...]}, each {name, last_ns, bytes_sent, bytes_recv, msgs_sent, msgs_recv,
+//        send_busy_ns, recv_busy_ns, stalls, errors, sent_by_size: [{bucket, size, messages}] (non-zero only),
+//        send_gbps, recv_gbps (bytes / busy ns; null before any busy time)}: counters since the segment was created,
 //   problems: [what could not be read].
 int runCacheShow(const CacheArgs& args) {
   const std::optional<std::string> ns = resolveNamespace(args);
@@ -290,6 +414,15 @@ int runCacheShow(const CacheArgs& args) {
   }
   sortItems(plan.items);
   const std::int64_t now = sc::realtimeNs();
+  const std::vector<sc::NetRailWeight> rails = reader->railWeights();
+  std::vector<sc::NetStatsRecord> nics = reader->netNics();
+  std::vector<sc::NetStatsRecord> peers = reader->netPeers();
+  // Records sit in hash order in the segment; people look names up.
+  for (auto* records : {&nics, &peers}) {
+    std::sort(records->begin(), records->end(), [](const sc::NetStatsRecord& a, const sc::NetStatsRecord& b) {
+      return ::strncmp(a.name, b.name, sc::kNetNameBytes) < 0;
+    });
+  }
 
   if (args.json) {
     json j;
@@ -320,6 +453,11 @@ int runCacheShow(const CacheArgs& args) {
     }
     j["entries"] = json::array();
     for (const sc::PlanItem& it : plan.items) j["entries"].push_back(itemJson(it));
+    j["rails"] = json::array();
+    for (const sc::NetRailWeight& r : rails) j["rails"].push_back({{"name", railName(r)}, {"weight", r.weight}});
+    j["net"] = {{"nics", json::array()}, {"peers", json::array()}};
+    for (const sc::NetStatsRecord& r : nics) j["net"]["nics"].push_back(netRecordJson(r));
+    for (const sc::NetStatsRecord& r : peers) j["net"]["peers"].push_back(netRecordJson(r));
     j["problems"] = problems;
     std::cout << j.dump(2) << '\n';
   } else {
@@ -360,6 +498,12 @@ int runCacheShow(const CacheArgs& args) {
       }
     }
     if (!anyCalls) fmt::print("\nactivity: none recorded\n");
+    fmt::print(
+        "\nnetwork (net plugin, since the cache was created; GB/s = bytes / time with a transfer in "
+        "flight):\n  rail weights:\n");
+    printRails(rails, "    ");
+    printNetRecords("NICs", nics, now);
+    printNetRecords("peers", peers, now);
     for (std::size_t i = 0; i < plan.items.size(); ++i) {
       const sc::PlanItem& it = plan.items[i];
       if (i == 0 || it.coll != plan.items[i - 1].coll || it.nRanks != plan.items[i - 1].nRanks ||
@@ -510,6 +654,67 @@ int runCacheClear(const CacheArgs& args) {
     return kExitFailed;
   }
   fmt::print("cleared {}: no plan is current; new communicators get NCCL's own choices\n", segment);
+  return kExitOk;
+}
+
+int runCacheRails(const CacheArgs& args) {
+  const std::optional<std::string> ns = resolveNamespace(args);
+  if (!ns) return kExitBadInput;
+  std::error_code ec;
+  if (!fs::exists(sc::segmentPath(*ns), ec)) {
+    // What the plugin does without a cache is a fine answer, not an error.
+    fmt::print(
+        "no schedule cache for namespace {} ({}): no rail weights, the net plugin gives every rail of a "
+        "connection an equal share (`optiflow cache rails set NAME=WEIGHT ...` creates it)\n",
+        *ns, sc::segmentPath(*ns));
+    return kExitOk;
+  }
+  const std::unique_ptr<sc::Reader> reader = attachOrReport(*ns);
+  if (!reader) return kExitFailed;
+  fmt::print("rail weights in {}:\n", sc::segmentPath(*ns));
+  printRails(reader->railWeights(), "  ");
+  return kExitOk;
+}
+
+int runCacheRailsSet(const CacheArgs& args) {
+  const std::optional<std::string> ns = resolveNamespace(args);
+  if (!ns) return kExitBadInput;
+  std::vector<std::pair<std::string, std::uint32_t>> weights;
+  bool bad = false;
+  for (std::size_t i = 0; i < args.railWeights.size(); ++i) {
+    auto w = parseRailWeight(args.railWeights[i], i + 1);
+    if (!w) {
+      bad = true;
+      continue;
+    }
+    for (const auto& earlier : weights) {
+      if (earlier.first == w->first) {
+        fmt::print(stderr, "optiflow: rail weight \"{}\" (argument {}): interface {} is given twice\n",
+                   args.railWeights[i], i + 1, w->first);
+        bad = true;
+      }
+    }
+    weights.push_back(std::move(*w));
+  }
+  if (bad || weights.empty()) {
+    if (weights.empty() && !bad) fmt::print(stderr, "optiflow: cache rails set: expected NAME=WEIGHT arguments\n");
+    fmt::print(stderr, "optiflow: no rail weight was changed\n");
+    return kExitBadInput;
+  }
+  sc::WriterOptions options;
+  options.ns = *ns;
+  options.build = OPTIFLOW_VERSION;
+  if (!resolveGroup(args, &options)) return kExitBadInput;
+  sc::Error error;
+  std::unique_ptr<sc::Writer> writer = sc::Writer::open(options, &error);
+  if (!writer || !writer->setRailWeights(weights, &error)) {
+    fmt::print(stderr, "optiflow: {}\n", errorText(error, *ns));
+    fmt::print(stderr, "optiflow: no rail weight was changed\n");
+    return error.status == sc::Status::kBadNamespace || error.status == sc::Status::kInvalidPlan ? kExitBadInput
+                                                                                                 : kExitFailed;
+  }
+  fmt::print("set rail weights in {} (senders use them from their next message):\n", sc::segmentPath(*ns));
+  if (const std::unique_ptr<sc::Reader> reader = attachOrReport(*ns)) printRails(reader->railWeights(), "  ");
   return kExitOk;
 }
 

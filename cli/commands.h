@@ -73,8 +73,8 @@ struct ReportArgs {
   std::string output;  // empty: DIR/report.html
 };
 
-// `optiflow cache publish|show|verify|clear`: the per-node schedule cache (/dev/shm/optiflow-<namespace>) the NCCL
-// tuner plugin reads.
+// `optiflow cache publish|show|verify|clear|rails`: the per-node schedule cache (/dev/shm/optiflow-<namespace>) the
+// NCCL tuner plugin reads.
 struct CacheArgs {
   std::string ns;         // empty: $OPTIFLOW_NAMESPACE, else "default"
   std::string planDir;    // publish: run directory of `optiflow synthesize`
@@ -83,6 +83,7 @@ struct CacheArgs {
   bool json = false;      // show
   bool remove = false;    // clear: delete the segment
   bool force = false;     // clear --remove: even with communicators initialised in the last kPinAdoptWindowS
+  std::vector<std::string> railWeights;  // rails set: NAME=WEIGHT
 };
 
 int runCompile(const CompileArgs& args);
@@ -96,5 +97,7 @@ int runCachePublish(const CacheArgs& args);
 int runCacheShow(const CacheArgs& args);
 int runCacheVerify(const CacheArgs& args);
 int runCacheClear(const CacheArgs& args);
+int runCacheRails(const CacheArgs& args);
+int runCacheRailsSet(const CacheArgs& args);
 
 }  // namespace optiflow::cli

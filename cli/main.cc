@@ -374,7 +374,8 @@ int main(int argc, char** argv) {
   cachePublish->add_option("--group", cache.group, "Group that may read the cache (mode 0660; default: owner only)");
   cachePublish->add_flag("--no-verify", cache.noVerify, "Do not prove the referenced schedule files");
   cachePublish->callback([&] { rc = optiflow::cli::runCachePublish(cache); });
-  auto* cacheShow = cacheCmd->add_subcommand("show", "The cache: plans, pinned communicators, activity, decisions");
+  auto* cacheShow =
+      cacheCmd->add_subcommand("show", "The cache: plans, pinned communicators, activity, decisions, network");
   addNamespace(cacheShow);
   cacheShow->add_flag("--json", cache.json, "Print one JSON object");
   cacheShow->callback([&] { rc = optiflow::cli::runCacheShow(cache); });
@@ -388,6 +389,21 @@ int main(int argc, char** argv) {
   cacheClear->add_flag("--force", cache.force,
                        "With --remove: delete it even if communicators initialised with it in the last 10 minutes");
   cacheClear->callback([&] { rc = optiflow::cli::runCacheClear(cache); });
+  auto* cacheRails =
+      cacheCmd->add_subcommand("rails", "The net plugin's rail weights (share of striped messages per NIC)");
+  addNamespace(cacheRails);
+  auto* cacheRailsSet = cacheRails->add_subcommand(
+      "set", "Replace the rail weights: NAME=WEIGHT per interface; interfaces not listed get weight 0 (unused)");
+  cacheRailsSet->add_option("weights", cache.railWeights, "NAME=WEIGHT, e.g. eth0=3 eth1=1 (weights 0 to 1000000)")
+      ->required();
+  addNamespace(cacheRailsSet);
+  cacheRailsSet->add_option("--group", cache.group,
+                            "Group that may read a cache this creates (mode 0660; default: owner only)");
+  // Subcommand callbacks run before their parent's: `rails set` must not also print the weights as `rails`.
+  cacheRailsSet->callback([&] { rc = optiflow::cli::runCacheRailsSet(cache); });
+  cacheRails->callback([&] {
+    if (cacheRailsSet->count() == 0) rc = optiflow::cli::runCacheRails(cache);
+  });
 
   try {
     app.parse(argc, argv);

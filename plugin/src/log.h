@@ -24,3 +24,16 @@
   do {                                         \
   } while (0)
 #endif
+
+// The net plugin: NCCL_DEBUG_SUBSYS=NET (INIT as well for init-time lines, which pass NCCL_INIT explicitly).
+#define OPTIFLOW_NET_WARN(logger, fmt, ...) OPTIFLOW_LOG(logger, NCCL_LOG_WARN, NCCL_NET, "Net: " fmt, ##__VA_ARGS__)
+#define OPTIFLOW_NET_INFO(logger, fmt, ...) OPTIFLOW_LOG(logger, NCCL_LOG_INFO, NCCL_NET, "Net: " fmt, ##__VA_ARGS__)
+#define OPTIFLOW_NET_INIT_INFO(logger, fmt, ...) \
+  OPTIFLOW_LOG(logger, NCCL_LOG_INFO, NCCL_NET | NCCL_INIT, "Net: " fmt, ##__VA_ARGS__)
+#ifdef OPTIFLOW_PLUGIN_TRACE
+#define OPTIFLOW_NET_TRACE(logger, fmt, ...) OPTIFLOW_LOG(logger, NCCL_LOG_TRACE, NCCL_NET, "Net: " fmt, ##__VA_ARGS__)
+#else
+#define OPTIFLOW_NET_TRACE(logger, fmt, ...) \
+  do {                                       \
+  } while (0)
+#endif

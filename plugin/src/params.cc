@@ -1,6 +1,9 @@
 #include "optiflow/plugin/params.h"
 
+#include <cstdint>
 #include <cstring>
+#include <optional>
+#include <utility>
 
 #include "optiflow/schedcache/error.h"
 #include "optiflow/schedcache/plan.h"
@@ -34,11 +37,21 @@ std::string expected(const ParamSpec& p) {
       return "a plan's content hash: 16 hex digits, as `optiflow cache show` prints it";
     case ParamType::kSeconds:
       return "whole seconds, 0-86400";
+    case ParamType::kIntRange:
+      return std::string("an integer, ") + p.allowed;
+    case ParamType::kIfnameList:
+      return "a comma list of interface names (1-15 characters of [A-Za-z0-9_.:-] each, at most 16 names)";
+    case ParamType::kBytes:
+      return "bytes (digits, optionally followed by K, M or G), at most 1G";
   }
   return "";
 }
 
 int seconds(std::string_view v);
+std::optional<std::int64_t> integer(std::string_view v, std::int64_t max);
+std::optional<std::pair<std::int64_t, std::int64_t>> range(const char* allowed);
+std::optional<std::vector<std::string>> ifnames(std::string_view v);
+std::optional<std::uint64_t> bytes(std::string_view v);
 
 bool valid(const ParamSpec& p, std::string_view v) {
   switch (p.type) {
@@ -52,8 +65,86 @@ bool valid(const ParamSpec& p, std::string_view v) {
       return schedcache::parseHash(v).has_value();
     case ParamType::kSeconds:
       return seconds(v) >= 0;
+    case ParamType::kIntRange: {
+      const auto r = range(p.allowed);
+      const auto n = integer(v, std::int64_t{1} << 40);
+      return r && n && *n >= r->first && *n <= r->second;
+    }
+    case ParamType::kIfnameList:
+      return ifnames(v).has_value();
+    case ParamType::kBytes:
+      return bytes(v).has_value();
   }
   return false;
+}
+
+// Plain decimal digits only (no sign, no spaces, no 0x), value <= max.
+std::optional<std::int64_t> integer(std::string_view v, std::int64_t max) {
+  if (v.empty() || v.size() > 18) return std::nullopt;
+  std::int64_t n = 0;
+  for (char c : v) {
+    if (c < '0' || c > '9') return std::nullopt;
+    n = n * 10 + (c - '0');
+  }
+  if (n > max) return std::nullopt;
+  return n;
+}
+
+std::optional<std::pair<std::int64_t, std::int64_t>> range(const char* allowed) {
+  const std::string_view a(allowed);
+  const std::size_t dash = a.find('-');
+  if (dash == std::string_view::npos) return std::nullopt;
+  const auto lo = integer(a.substr(0, dash), INT32_MAX);
+  const auto hi = integer(a.substr(dash + 1), INT32_MAX);
+  if (!lo || !hi) return std::nullopt;
+  return std::make_pair(*lo, *hi);
+}
+
+// IFNAMSIZ is 16 with the terminator; no whitespace, slashes or empty names ("eth0,,eth1" is a typo).
+std::optional<std::vector<std::string>> ifnames(std::string_view v) {
+  std::vector<std::string> out;
+  while (true) {
+    const std::size_t comma = v.find(',');
+    const std::string_view name = v.substr(0, comma);
+    if (name.empty() || name.size() > 15) return std::nullopt;
+    for (char c : name) {
+      const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+                      c == '.' || c == ':' || c == '-';
+      if (!ok) return std::nullopt;
+    }
+    out.emplace_back(name);
+    if (out.size() > 16) return std::nullopt;
+    if (comma == std::string_view::npos) break;
+    v.remove_prefix(comma + 1);
+  }
+  return out;
+}
+
+std::optional<std::uint64_t> bytes(std::string_view v) {
+  constexpr std::int64_t kMax = std::int64_t{1} << 30;
+  std::int64_t unit = 1;
+  if (!v.empty()) {
+    switch (v.back()) {
+      case 'K':
+      case 'k':
+        unit = std::int64_t{1} << 10;
+        break;
+      case 'M':
+      case 'm':
+        unit = std::int64_t{1} << 20;
+        break;
+      case 'G':
+      case 'g':
+        unit = std::int64_t{1} << 30;
+        break;
+      default:
+        break;
+    }
+    if (unit != 1) v.remove_suffix(1);
+  }
+  const auto n = integer(v, kMax);
+  if (!n || *n * unit > kMax) return std::nullopt;
+  return static_cast<std::uint64_t>(*n * unit);
 }
 
 // -1 unless v is 1-5 decimal digits with a value of at most one day.
@@ -92,6 +183,16 @@ bool readParams(GetEnv getEnv, Params* out, std::string* error) {
       p.settleS = seconds(v);
     } else if (name == "OPTIFLOW_ABORT_ON_ERROR") {
       p.abortOnError = v == "1";
+    } else if (name == "OPTIFLOW_NET_TRANSPORT") {
+      p.netTransport = std::string(v);
+    } else if (name == "OPTIFLOW_NET_IFNAMES") {
+      p.netIfnames = *ifnames(v);
+    } else if (name == "OPTIFLOW_NET_STREAMS") {
+      p.netStreams = static_cast<int>(*integer(v, INT32_MAX));
+    } else if (name == "OPTIFLOW_NET_STRIPE") {
+      p.netStripe = v == "1";
+    } else if (name == "OPTIFLOW_NET_MIN_STRIPE_BYTES") {
+      p.netMinStripeBytes = *bytes(v);
     }
   }
   *out = std::move(p);

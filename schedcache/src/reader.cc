@@ -462,4 +462,141 @@ Activity Reader::activity() const noexcept {
   return out;
 }
 
+namespace {
+
+// Names in the segment are written and read byte by byte through atomic_ref: another process may be writing them.
+void loadName(const char* src, std::size_t bytes, char* dst) noexcept {
+  for (std::size_t i = 0; i < bytes; ++i) {
+    dst[i] = std::atomic_ref<char>(const_cast<char&>(src[i])).load(std::memory_order_relaxed);
+  }
+  dst[bytes - 1] = '\0';
+}
+
+bool nameEquals(const char* src, std::size_t bytes, std::string_view name) noexcept {
+  if (name.size() >= bytes) return false;
+  for (std::size_t i = 0; i <= name.size(); ++i) {
+    const char c = std::atomic_ref<char>(const_cast<char&>(src[i])).load(std::memory_order_relaxed);
+    if (c != (i < name.size() ? name[i] : '\0')) return false;
+  }
+  return true;
+}
+
+// Open addressing from key % capacity. A free record is claimed by CAS on its key, then named; a record whose key
+// matches was claimed by this or another process for the same name and is shared.
+NetCounters* claimRecord(NetStatsRecord* table, std::size_t capacity, std::string_view name) noexcept {
+  if (name.empty() || name.size() >= kNetNameBytes) return nullptr;
+  const std::uint64_t key = netNameKey(name.data(), name.size());
+  const std::size_t start = static_cast<std::size_t>(key % capacity);
+  for (std::size_t probe = 0; probe < capacity; ++probe) {
+    NetStatsRecord& rec = table[(start + probe) % capacity];
+    std::uint64_t found = ref(rec.key).load(std::memory_order_acquire);
+    if (found == 0) {
+      if (ref(rec.key).compare_exchange_strong(found, key, std::memory_order_acq_rel)) {
+        for (std::size_t i = 0; i < name.size(); ++i) ref(rec.name[i]).store(name[i], std::memory_order_relaxed);
+        ref(rec.name[name.size()]).store('\0', std::memory_order_relaxed);
+        ref(rec.lastNs).store(realtimeNs(), std::memory_order_release);
+        return &rec.counters;
+      }
+      // Lost the race: `found` is the winner's key, maybe ours.
+    }
+    if (found == key) {
+      ref(rec.lastNs).store(realtimeNs(), std::memory_order_relaxed);
+      return &rec.counters;
+    }
+  }
+  return nullptr;
+}
+
+std::vector<NetStatsRecord> snapshotRecords(const NetStatsRecord* table, std::size_t capacity) {
+  std::vector<NetStatsRecord> out;
+  for (std::size_t r = 0; r < capacity; ++r) {
+    auto& rec = const_cast<NetStatsRecord&>(table[r]);
+    const std::uint64_t key = ref(rec.key).load(std::memory_order_acquire);
+    if (key == 0) continue;
+    NetStatsRecord copy{};
+    copy.key = key;
+    copy.lastNs = ref(rec.lastNs).load(std::memory_order_acquire);
+    loadName(rec.name, kNetNameBytes, copy.name);
+    auto* src = reinterpret_cast<std::uint64_t*>(&rec.counters);
+    auto* dst = reinterpret_cast<std::uint64_t*>(&copy.counters);
+    for (std::size_t i = 0; i < sizeof(NetCounters) / sizeof(std::uint64_t); ++i) {
+      dst[i] = ref(src[i]).load(std::memory_order_relaxed);
+    }
+    out.push_back(copy);
+  }
+  return out;
+}
+
+// railIndex runs once per connection; a writer keeps railSeq odd for a few stores. One that died mid-update leaves
+// it odd until the next `optiflow cache rails set`: give up after this long (the rail then counts as weight 1).
+constexpr auto kRailReadBudget = std::chrono::milliseconds(10);
+
+// Runs read() under NetRegion::railSeq until it saw a stable even counter; false when the budget ran out.
+template <typename Read>
+bool readRails(NetRegion& net, Read&& read) {
+  auto seq = ref(net.railSeq);
+  const auto deadline = std::chrono::steady_clock::now() + kRailReadBudget;
+  for (int attempt = 0;; ++attempt) {
+    const std::uint64_t before = seq.load(std::memory_order_acquire);
+    if (before % 2 == 0) {
+      read(std::min<std::uint32_t>(ref(net.railCount).load(std::memory_order_relaxed), kNetRails));
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (seq.load(std::memory_order_relaxed) == before) return true;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    if (attempt < 16) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+}
+
+}  // namespace
+
+NetCounters* Reader::netNic(std::string_view name) noexcept { return claimRecord(segment_->net.nics, kNetRails, name); }
+
+NetCounters* Reader::netPeer(std::string_view name) noexcept {
+  return claimRecord(segment_->net.peers, kNetPeers, name);
+}
+
+std::vector<NetStatsRecord> Reader::netNics() const { return snapshotRecords(segment_->net.nics, kNetRails); }
+
+std::vector<NetStatsRecord> Reader::netPeers() const { return snapshotRecords(segment_->net.peers, kNetPeers); }
+
+int Reader::railIndex(std::string_view ifname) const noexcept {
+  if (ifname.empty()) return -1;
+  NetRegion& net = segment_->net;
+  int index = -1;
+  const bool stable = readRails(net, [&](std::uint32_t count) {
+    index = -1;
+    for (std::uint32_t i = 0; i < count && index < 0; ++i) {
+      if (nameEquals(net.rails[i].name, sizeof(net.rails[i].name), ifname)) index = static_cast<int>(i);
+    }
+  });
+  return stable ? index : -1;
+}
+
+std::uint32_t Reader::railWeight(int index) const noexcept {
+  if (index < 0 || static_cast<std::uint32_t>(index) >= kNetRails) return 1;
+  return ref(segment_->net.rails[index].weight).load(std::memory_order_relaxed);
+}
+
+std::vector<NetRailWeight> Reader::railWeights() const {
+  NetRegion& net = segment_->net;
+  std::vector<NetRailWeight> out;
+  out.reserve(kNetRails);
+  // Best effort when a writer died mid-update: the last copy, which may show a half-written name.
+  readRails(net, [&](std::uint32_t count) {
+    out.clear();
+    for (std::uint32_t i = 0; i < count; ++i) {
+      NetRailWeight w{};
+      loadName(net.rails[i].name, sizeof(w.name), w.name);
+      w.weight = ref(net.rails[i].weight).load(std::memory_order_relaxed);
+      out.push_back(w);
+    }
+  });
+  return out;
+}
+
 }  // namespace optiflow::schedcache

@@ -440,6 +440,122 @@ bool Writer::clear(Error* error) noexcept {
   return false;
 }
 
+namespace {
+
+// Striping multiplies message sizes by weights: this bound keeps that far from overflow and is already a
+// 10^6:1 ratio between rails.
+constexpr std::uint32_t kMaxRailWeight = 1'000'000;
+constexpr std::size_t kRailNameBytes = sizeof(NetRailWeight::name);
+
+bool validRailName(const std::string& name) {
+  if (name.empty() || name.size() >= kRailNameBytes) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' ||
+           c == ':' || c == '-';
+  });
+}
+
+std::string railNameOf(const NetRailWeight& rail) {
+  char name[kRailNameBytes];
+  for (std::size_t i = 0; i < kRailNameBytes; ++i) {
+    name[i] = std::atomic_ref<char>(const_cast<char&>(rail.name[i])).load(std::memory_order_relaxed);
+  }
+  name[kRailNameBytes - 1] = '\0';
+  return name;
+}
+
+}  // namespace
+
+bool Writer::setRailWeights(const std::vector<std::pair<std::string, std::uint32_t>>& weights, Error* error) noexcept {
+  Error local;
+  Error& err = error != nullptr ? *error : local;
+  err = {};
+  const std::string path = segmentPath(impl_->options.ns);
+  try {
+    for (std::size_t i = 0; i < weights.size(); ++i) {
+      const auto& [name, weight] = weights[i];
+      if (!validRailName(name)) {
+        err = makeError(Status::kInvalidPlan, "rail weight " + std::to_string(i + 1) + ": interface name '" + name +
+                                                  "': expected 1 to " + std::to_string(kRailNameBytes - 1) +
+                                                  " characters of A-Z a-z 0-9 _ . : -");
+        return false;
+      }
+      if (weight > kMaxRailWeight) {
+        err = makeError(Status::kInvalidPlan, "rail weight " + std::to_string(i + 1) + " (" + name + "): weight " +
+                                                  std::to_string(weight) + ": expected 0 to " +
+                                                  std::to_string(kMaxRailWeight));
+        return false;
+      }
+      for (std::size_t j = 0; j < i; ++j) {
+        if (weights[j].first == name) {
+          err = makeError(Status::kInvalidPlan, "rail weight " + std::to_string(i + 1) + ": interface '" + name +
+                                                    "' is given twice (also as rail weight " + std::to_string(j + 1) +
+                                                    ")");
+          return false;
+        }
+      }
+    }
+    Impl::Guard guard(*impl_);
+    if (!guard.acquire(&err)) return false;
+    NetRegion& net = impl_->seg().net;
+    // Under the writer lock nobody else changes the names: plain reads of our own earlier writes are enough.
+    const std::uint32_t count = std::min(ref(net.railCount).load(std::memory_order_relaxed), kNetRails);
+    std::vector<std::string> existing;
+    for (std::uint32_t i = 0; i < count; ++i) existing.push_back(railNameOf(net.rails[i]));
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> updates;  // record index, weight
+    std::vector<std::string> added;
+    for (const auto& [name, weight] : weights) {
+      const auto it = std::find(existing.begin(), existing.end(), name);
+      if (it != existing.end()) {
+        updates.emplace_back(static_cast<std::uint32_t>(it - existing.begin()), weight);
+        continue;
+      }
+      if (count + added.size() >= kNetRails) {
+        std::string names;
+        for (const std::string& e : existing) names += (names.empty() ? "" : ", ") + e;
+        err = makeError(Status::kBusy, path + ": no free rail record for '" + name + "': all " +
+                                           std::to_string(kNetRails) + " hold interfaces (" + names +
+                                           "); records are never reused while plugins may hold their index "
+                                           "(`optiflow cache clear --remove` starts a new segment)");
+        return false;
+      }
+      updates.emplace_back(static_cast<std::uint32_t>(count + added.size()), weight);
+      added.push_back(name);
+    }
+
+    // Seqlock over the names (readers resolve an interface to its record under it). Weights are single atomic
+    // stores that readers load relaxed on every message; they change inside the same window.
+    auto seq = ref(net.railSeq);
+    const std::uint64_t s = seq.load(std::memory_order_relaxed);
+    const std::uint64_t odd = s % 2 == 0 ? s + 1 : s + 2;  // odd already: its writer died
+    seq.store(odd, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    for (std::size_t a = 0; a < added.size(); ++a) {
+      NetRailWeight& rail = net.rails[count + a];
+      ref(rail.weight).store(0, std::memory_order_relaxed);
+      for (std::size_t i = 0; i < kRailNameBytes; ++i) {
+        ref(rail.name[i]).store(i < added[a].size() ? added[a][i] : '\0', std::memory_order_relaxed);
+      }
+    }
+    const std::uint32_t newCount = count + static_cast<std::uint32_t>(added.size());
+    ref(net.railCount).store(newCount, std::memory_order_relaxed);
+    for (std::uint32_t i = 0; i < newCount; ++i) {
+      std::uint32_t weight = 0;  // not listed: unused
+      for (const auto& [index, w] : updates) {
+        if (index == i) weight = w;
+      }
+      ref(net.rails[i].weight).store(weight, std::memory_order_relaxed);
+    }
+    seq.store(odd + 1, std::memory_order_release);
+    return true;
+  } catch (const std::exception& e) {
+    err = makeError(Status::kSystem, path + ": setting rail weights: " + e.what());
+  } catch (...) {
+    err = makeError(Status::kSystem, path + ": setting rail weights: unknown exception");
+  }
+  return false;
+}
+
 bool Writer::remove(std::string_view ns, Error* error) noexcept {
   Error local;
   Error& err = error != nullptr ? *error : local;

@@ -269,21 +269,26 @@ TEST_P(ExportedTables, DynamicSymbolsAreExactlyThePluginTables) {
   const std::vector<DynamicSymbol> symbols = definedDynamicSymbols(lib, false, &error);
   ASSERT_TRUE(error.empty()) << error;
 
-  std::set<std::string> tuner;
+  std::set<std::string> tuner, net;
   std::vector<std::string> unexpected;
   for (const DynamicSymbol& s : symbols) {
-    const bool netTable = s.name.rfind("ncclNetPlugin_v", 0) == 0 || s.name.rfind("ncclCollNetPlugin_v", 0) == 0;
+    const bool netTable = s.name.rfind("ncclNetPlugin_v", 0) == 0;  // no ncclCollNetPlugin_v*: we export no CollNet
     if (s.name.rfind("ncclTunerPlugin_v", 0) == 0) {
       tuner.insert(s.name);
       // A plugin table is a data object NCCL dlsym's and casts, never a function.
       EXPECT_TRUE(s.type == 'R' || s.type == 'D') << s.name << " has nm type " << s.type;
     } else if (isNet && netTable) {
+      net.insert(s.name);
       EXPECT_TRUE(s.type == 'R' || s.type == 'D') << s.name << " has nm type " << s.type;
     } else {
       unexpected.push_back(std::string(1, s.type) + " " + s.name);
     }
   }
   EXPECT_EQ(tuner, std::set<std::string>(kOurSymbols.begin(), kOurSymbols.end()));
+  if (isNet) {
+    EXPECT_EQ(net, (std::set<std::string>{"ncclNetPlugin_v9", "ncclNetPlugin_v10", "ncclNetPlugin_v11",
+                                          "ncclNetPlugin_v12"}));
+  }
   EXPECT_TRUE(unexpected.empty()) << "exported beyond the plugin tables:\n" << joinLines(unexpected);
 
   const std::vector<DynamicSymbol> demangled = definedDynamicSymbols(lib, true, &error);

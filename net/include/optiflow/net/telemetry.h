@@ -4,6 +4,7 @@
 // once per connection; on the data path it only does relaxed atomic adds and loads (the helpers below).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -33,7 +34,8 @@ class Telemetry {
   virtual std::uint32_t railWeight(int index) noexcept = 0;
 };
 
-// Process-memory records; weights set by tests through setWeight (index = position of first use).
+// Process-memory records; weights (default 1) set through setWeight (index = order of first use, at most
+// kNetRails names; later names get -1, i.e. weight 1).
 class LocalTelemetry final : public Telemetry {
  public:
   NetCounters* nic(std::string_view name) noexcept override;
@@ -50,9 +52,15 @@ class LocalTelemetry final : public Telemetry {
     NetCounters counters{};
   };
   NetCounters* find(std::deque<Named>* list, std::string_view name);
+  struct Rail {
+    std::string name;  // written under mutex_ before count_ publishes it
+    std::atomic<std::uint32_t> weight{1};
+  };
   std::mutex mutex_;
   std::deque<Named> nics_, peers_;  // deque: records never move
-  std::deque<std::pair<std::string, std::uint32_t>> weights_;
+  // Fixed array: railWeight (every message) is one atomic load, no lock.
+  std::array<Rail, schedcache::kNetRails> rails_;
+  std::atomic<int> railCount_{0};
 };
 
 // Records in the node's schedule cache (NetRegion of /dev/shm/optiflow-<ns>), falling back to local records when

@@ -20,9 +20,9 @@
 
 namespace optiflow::net {
 
-inline constexpr std::size_t kHandleBytes = 128;  // NCCL_NET_HANDLE_MAXSIZE
-inline constexpr int kMaxRequests = 32;           // per comm (NCCL_NET_MAX_REQUESTS)
-inline constexpr int kMaxRecvs = 8;               // buffers per grouped receive
+inline constexpr std::size_t kHandleBytes = 128;                       // NCCL_NET_HANDLE_MAXSIZE
+inline constexpr int kMaxRequests = 32;                                // per comm (NCCL_NET_MAX_REQUESTS)
+inline constexpr int kMaxRecvs = 8;                                    // buffers per grouped receive
 inline constexpr std::size_t kMaxMessageBytes = std::size_t{1} << 30;  // maxP2pBytes: NCCL splits larger transfers
 
 // Values equal NCCL's ncclResult_t (the plugin static_asserts that).
@@ -126,9 +126,9 @@ class Transport {
 class Telemetry;
 
 struct TcpOptions {
-  std::vector<std::string> ifnames;  // empty: every up interface with an address except lo, else lo
-  int streamsPerRail = 1;            // sockets per rail of a connection, 1..wire::kMaxStreams
-  bool stripe = false;               // every connection uses every device as a rail (rail striping)
+  std::vector<std::string> ifnames;          // empty: every up interface with an address except lo, else lo
+  int streamsPerRail = 1;                    // sockets per rail of a connection, 1..wire::kMaxStreams
+  bool stripe = false;                       // every connection uses every device as a rail (rail striping)
   std::uint64_t minStripeBytes = 256 << 10;  // smaller messages travel on stream 0 only
   int connectTimeoutMs = 30000;              // a connect that has not completed by then fails
 };

@@ -31,9 +31,9 @@ std::uint64_t buildId();
 
 // ---- Handle (kHandleBytes = 128) ---------------------------------------------------------------------------------
 struct RailAddress {
-  std::uint8_t family = 0;  // AF_INET or AF_INET6
-  std::uint8_t streams = 1;  // streams the connector opens to this address
-  std::uint16_t port = 0;    // host order here; network order on the wire
+  std::uint8_t family = 0;     // AF_INET or AF_INET6
+  std::uint8_t streams = 1;    // streams the connector opens to this address
+  std::uint16_t port = 0;      // host order here; network order on the wire
   std::uint8_t addr[16] = {};  // IPv4 in the first 4 bytes
 };
 
@@ -83,7 +83,9 @@ struct MessageHeader {
 inline constexpr std::size_t kMessageFixedBytes = 24;
 inline constexpr std::size_t kPartBytes = 12;
 inline constexpr std::size_t kMaxMessageHeaderBytes = kMessageFixedBytes + kPartBytes * kMaxStreams + 4;
-inline std::size_t messageHeaderBytes(std::uint16_t partCount) { return kMessageFixedBytes + kPartBytes * partCount + 4; }
+inline std::size_t messageHeaderBytes(std::uint16_t partCount) {
+  return kMessageFixedBytes + kPartBytes * partCount + 4;
+}
 
 struct ChunkHeader {
   std::uint32_t seq = 0;

@@ -1,7 +1,7 @@
 // Every OPTIFLOW_* variable the plugins read, in one typed registry: name, type, default and documentation
 // together (docs/schedcache.md renders this table; a test checks the two agree). Values are read once, at tuner
-// init, and parsed strictly: a value that does not parse is an error naming the variable, the value and what was
-// expected, never a silent default.
+// init and at net plugin init, and parsed strictly: a value that does not parse is an error naming the variable, the
+// value and what was expected, never a silent default.
 #pragma once
 
 #include <cstdint>
@@ -12,13 +12,22 @@
 
 namespace optiflow::plugin {
 
-enum class ParamType { kBool, kEnum, kNamespace, kPlanHash, kSeconds };
+enum class ParamType {
+  kBool,
+  kEnum,
+  kNamespace,
+  kPlanHash,
+  kSeconds,
+  kIntRange,    // decimal integer within `allowed` ("1-16")
+  kIfnameList,  // comma list of network interface names
+  kBytes,       // decimal bytes, optional K/M/G suffix (KiB, MiB, GiB), at most 1 GiB
+};
 
 struct ParamSpec {
   const char* name;
   ParamType type;
   const char* defaultValue;  // as a user would write it; "" for unset
-  const char* allowed;       // kEnum: values separated by '|'
+  const char* allowed;       // kEnum: values separated by '|'; kIntRange: "min-max"
   const char* doc;
 };
 
@@ -39,6 +48,17 @@ inline constexpr ParamSpec kParams[] = {
      "(docs/consistency.md). 0-86400."},
     {"OPTIFLOW_ABORT_ON_ERROR", ParamType::kBool, "0", "",
      "Debugging: abort() on the first plugin error instead of returning it to NCCL."},
+    {"OPTIFLOW_NET_TRANSPORT", ParamType::kEnum, "auto", "auto|tcp|ib",
+     "Net plugin transport: auto (RDMA verbs when a device with an active port exists, else TCP), tcp, or ib "
+     "(net init fails without a verbs device)."},
+    {"OPTIFLOW_NET_IFNAMES", ParamType::kIfnameList, "", "",
+     "Comma list of the interfaces the TCP transport uses as devices (e.g. `eth0,eth1`); unset: every up "
+     "interface with an address except lo, else lo."},
+    {"OPTIFLOW_NET_STREAMS", ParamType::kIntRange, "1", "1-16", "TCP sockets per rail of each connection, 1-16."},
+    {"OPTIFLOW_NET_STRIPE", ParamType::kBool, "0", "",
+     "1: every TCP connection uses every device as a rail and splits large messages over them by rail weight."},
+    {"OPTIFLOW_NET_MIN_STRIPE_BYTES", ParamType::kBytes, "262144", "",
+     "Messages smaller than this travel on one stream only; bytes, or with a K/M/G suffix; at most 1G."},
 };
 
 struct Params {
@@ -48,6 +68,12 @@ struct Params {
   bool planMissingDefaults = false;
   bool abortOnError = false;
   int settleS = 60;
+  // Net plugin.
+  std::string netTransport = "auto";
+  std::vector<std::string> netIfnames;  // empty: the transport's default
+  int netStreams = 1;
+  bool netStripe = false;
+  std::uint64_t netMinStripeBytes = 262144;
 };
 
 using GetEnv = const char* (*)(const char*);
