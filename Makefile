@@ -36,11 +36,13 @@ demo: build
 	@echo "== optiflow verify $(DEMO_DIR)/dgx-a100x4-allgather/schedules/allgather-1MiB.xml (an exported MSCCL schedule)"
 	@$(OPTIFLOW) verify $(DEMO_DIR)/dgx-a100x4-allgather/schedules/allgather-1MiB.xml | tail -n 1
 
-# Google Benchmark micro-benchmarks (simulator scaling, compile speed, the tuner's per-call cost).
+# Benchmarks: simulator scaling, compile speed, the tuner's per-call cost (Google Benchmark) and the net transport
+# against a raw socket loop on loopback (net_bench prints a table).
 bench: build
 	@$(BUILD_DIR)/bench/sim_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 	@$(BUILD_DIR)/bench/compile_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 	@$(BUILD_DIR)/bench/tuner_bench --benchmark_repetitions=10 --benchmark_report_aggregates_only=true
+	@$(BUILD_DIR)/bench/net_bench --reps 5 --mib 256 --msgs 200000
 
 # The sanitizer build CI runs as well.
 asan:

@@ -259,7 +259,7 @@ struct Device {
   RegCache cache;
 
   void warn(const std::string& message) const {
-    if (log) log(1, "OptiFlow-IB: " + message);
+    if (log) log(1, "IB: " + message);
   }
   bool ethernet() const { return port.attr.link_layer == IBV_LINK_LAYER_ETHERNET; }
 };
@@ -1327,7 +1327,7 @@ class IbTransport final : public Transport {
 
   Result listen(int dev, void* handle, std::unique_ptr<ListenComm>* listen) noexcept override {
     if (handle == nullptr || listen == nullptr || dev < 0 || dev >= deviceCount()) {
-      if (log_) log_(1, strf("OptiFlow-IB: listen: bad arguments (device %d of %d)", dev, deviceCount()));
+      if (log_) log_(1, strf("IB: listen: bad arguments (device %d of %d)", dev, deviceCount()));
       return Result::kInvalidArgument;
     }
     Device* device = devices_[static_cast<std::size_t>(dev)].get();
@@ -1363,7 +1363,7 @@ class IbTransport final : public Transport {
 
   Result connect(int dev, const void* handle, std::unique_ptr<Connector>* connector) noexcept override {
     if (handle == nullptr || connector == nullptr || dev < 0 || dev >= deviceCount()) {
-      if (log_) log_(1, strf("OptiFlow-IB: connect: bad arguments (device %d of %d)", dev, deviceCount()));
+      if (log_) log_(1, strf("IB: connect: bad arguments (device %d of %d)", dev, deviceCount()));
       return Result::kInvalidArgument;
     }
     Device* device = devices_[static_cast<std::size_t>(dev)].get();

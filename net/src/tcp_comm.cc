@@ -22,7 +22,7 @@ namespace optiflow::net::detail {
 void warn(const LogFn& log, const std::string& message) {
   if (!log) return;
   try {
-    log(1, "OptiFlow/TCP: " + message);
+    log(1, "TCP: " + message);
   } catch (...) {  // a throwing log sink must not take the data path down
   }
 }
@@ -383,7 +383,9 @@ class TcpSendComm final : public SendComm {
         advance(s, static_cast<std::uint64_t>(rc));
       }
     }
-    if (waiting && !moved) countAdd(&core_.peerRec_->stalls, 1);
+    // A stall is an episode (not a poll) in which a request waited and no byte moved.
+    if (waiting && !moved && !stalled_) countAdd(&core_.peerRec_->stalls, 1);
+    stalled_ = waiting && !moved;
   }
 
   void advance(std::size_t s, std::uint64_t bytes) {
@@ -415,6 +417,7 @@ class TcpSendComm final : public SendComm {
   std::vector<Ring<SendItem>> queues_;  // by stream
   std::vector<int> railIndex_;          // Telemetry::railIndex per rail, resolved once
   std::vector<char> blocked_;           // by stream: the last send would have blocked
+  bool stalled_ = false;                // the last progress call moved nothing while a request waited
   std::uint32_t seq_ = 0;
 };
 
@@ -601,7 +604,9 @@ class TcpRecvComm final : public RecvComm {
       if (!moved) break;
       movedAny = true;
     }
-    if (!movedAny && !posted_.empty()) countAdd(&core_.peerRec_->stalls, 1);
+    const bool stalled = !movedAny && !posted_.empty();
+    if (stalled && !stalled_) countAdd(&core_.peerRec_->stalls, 1);
+    stalled_ = stalled;
   }
 
   // The header is peeked whole (one call), then consumed together with the start of stream 0's part, which is read
@@ -779,6 +784,7 @@ class TcpRecvComm final : public RecvComm {
   std::vector<RecvRequest*> posted_;  // in posting order
   std::vector<Ring<RecvItem>> queues_;
   std::vector<char> blocked_;  // by stream: the last recv would have blocked
+  bool stalled_ = false;       // the last progress call moved nothing while a receive waited
   int unmatched_ = 0;          // unmatched buffers over all posted receives
   std::uint32_t seq_ = 0;
   std::uint8_t header_[wire::kMaxMessageHeaderBytes];

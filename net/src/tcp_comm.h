@@ -30,7 +30,7 @@ std::unique_ptr<RecvComm> makeTcpRecvComm(TcpConnection connection);
 std::unique_ptr<Transport> makeTcpTransportOn(std::vector<Interface> interfaces, const TcpOptions& options, LogFn log,
                                               Telemetry* telemetry);
 
-// Logs at WARN through log (if set), prefixed "OptiFlow/TCP: ".
+// Logs at WARN through log (if set), prefixed "TCP: " (the plugin adds "OptiFlow/Net: ").
 void warn(const LogFn& log, const std::string& message);
 
 }  // namespace optiflow::net::detail

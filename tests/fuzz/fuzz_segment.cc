@@ -121,6 +121,7 @@ Fixture& fixture() {
     if (!published) fail("Writer::publish", err.message);
     f->slot = published->slot;
     f->hash = published->hash;
+    if (!writer->setRailWeights({{"eth0", 3}, {"eth1", 1}, {"ib0", 0}}, &err)) fail("setRailWeights", err.message);
   }
   const std::string path = sc::segmentPath(f->ns);
   const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
@@ -139,6 +140,8 @@ Fixture& fixture() {
   addRange(*f, slotOffset, sizeof(sc::PlanSlotHeader));
   addRange(*f, slotOffset + offsetof(sc::PlanSlot, entries), slot.header.entryCount * sizeof(sc::PlanEntry));
   addRange(*f, slotOffset + offsetof(sc::PlanSlot, strings), slot.header.stringBytes);
+  // The net region last, whole, so claims made by one input are undone before the next.
+  addRange(*f, offsetof(sc::Segment, net), sizeof(sc::NetRegion));
   const auto* bytes = reinterpret_cast<const unsigned char*>(f->segment);
   for (std::size_t off : f->offsets) f->pristine.push_back(bytes[off]);
   f->verbose = std::getenv("OPTIFLOW_FUZZ_SEGMENT_VERBOSE") != nullptr;
@@ -271,5 +274,36 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (pin.commId == 0) __builtin_trap();
   }
   (void)reader->activity();
+
+  // NetRegion: the plugin's claims and lookups must stay inside the tables and keep names terminated.
+  for (const auto& records : {reader->netNics(), reader->netPeers()}) {
+    for (const sc::NetStatsRecord& r : records) {
+      if (r.key == 0 || ::strnlen(r.name, sc::kNetNameBytes) == sc::kNetNameBytes) __builtin_trap();
+    }
+  }
+  if (reader->railWeights().size() > sc::kNetRails) __builtin_trap();
+  for (const char* name : {"eth0", "eth1", "ib0", "lo"}) {
+    const int index = reader->railIndex(name);
+    if (index >= static_cast<int>(sc::kNetRails)) __builtin_trap();
+    (void)reader->railWeight(index);
+  }
+  // A claimed record is one netNics()/netPeers() then lists under that name's key (the reader maps the segment at its
+  // own address, so the pointer itself cannot be compared with this fixture's mapping).
+  for (const char* name : {"eth0", "10.0.0.2"}) {
+    const auto listed = [&](const std::vector<sc::NetStatsRecord>& records) {
+      for (const sc::NetStatsRecord& r : records) {
+        if (r.key == sc::netNameKey(name, std::strlen(name))) return true;
+      }
+      return false;
+    };
+    if (sc::NetCounters* nic = reader->netNic(name); nic != nullptr) {
+      nic->bytesSent += 1;
+      if (!listed(reader->netNics())) __builtin_trap();
+    }
+    if (sc::NetCounters* peer = reader->netPeer(name); peer != nullptr) {
+      peer->bytesRecv += 1;
+      if (!listed(reader->netPeers())) __builtin_trap();
+    }
+  }
   return 0;
 }

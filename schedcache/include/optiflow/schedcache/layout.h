@@ -152,7 +152,7 @@ struct NetCounters {
   std::uint64_t msgsRecv;
   std::uint64_t sendBusyNs;  // time with at least one send in flight: achieved send throughput = bytesSent / this
   std::uint64_t recvBusyNs;
-  std::uint64_t stalls;  // progress calls that moved no byte although a request was waiting (full socket, ...)
+  std::uint64_t stalls;  // episodes in which a request waited and progress moved no byte (full socket, slow peer)
   std::uint64_t errors;  // connections failed (peer died, corrupt frame, ...)
   std::uint64_t sizeLog2[kSizeBuckets];  // messages sent, by sizeBucket(bytes)
 };
