@@ -209,7 +209,7 @@ TEST_P(NetTcpSizes, EveryByteArrives) {
                            std::size_t{(1u << 20) + 7}, kMax}) {
     std::vector<std::uint8_t> expect(size);
     fillPattern(expect, seed++);
-    std::memcpy(src.data.data(), expect.data(), size);
+    if (size > 0) std::memcpy(src.data.data(), expect.data(), size);
     std::fill(dst.data.begin(), dst.data.end(), 0xee);
     Request *sreq = nullptr, *rreq = nullptr;
     void* buf = dst.data.data();
@@ -223,7 +223,9 @@ TEST_P(NetTcpSizes, EveryByteArrives) {
     ASSERT_EQ(drive(p.send.get(), sreq, p.recv.get(), rreq, &got, &sent), Result::kOk) << joined(env.logs);
     EXPECT_EQ(got, static_cast<int>(size));
     EXPECT_EQ(sent, static_cast<int>(size));
-    EXPECT_EQ(0, std::memcmp(dst.data.data(), expect.data(), size)) << "size " << size;
+    if (size > 0) {
+      EXPECT_EQ(0, std::memcmp(dst.data.data(), expect.data(), size)) << "size " << size;
+    }
     EXPECT_EQ(dst.data[size], 0xee) << "wrote past the message";
   }
   const NetCounters peer = env.telemetry.snapshotPeer("127.0.0.1");
