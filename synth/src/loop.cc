@@ -170,11 +170,12 @@ class Loop {
     progress_(e);
   }
 
-  // Runs fn(s) for every size on hardware_concurrency threads, largest size first.
+  // Runs fn(s) for every size on cfg_.threads (default hardware_concurrency) threads, largest size first.
   void parallelOverSizes(const std::function<void(std::size_t)>& fn) const {
     const std::size_t n = cfg_.sizes.size();
-    const unsigned threads =
-        std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), static_cast<unsigned>(n)));
+    const unsigned wanted =
+        cfg_.threads > 0 ? static_cast<unsigned>(cfg_.threads) : std::thread::hardware_concurrency();
+    const unsigned threads = std::max(1u, std::min<unsigned>(wanted, static_cast<unsigned>(n)));
     std::atomic<std::size_t> next{0};
     auto work = [&] {
       for (std::size_t i; (i = next.fetch_add(1)) < n;) fn(n - 1 - i);

@@ -30,6 +30,7 @@ struct SynthConfig {
   int root = 0;                         // Broadcast/Reduce
   sim::SimParams params;                // the simulator's constants (launch model) for baselines and candidates
   std::vector<CandidateRecord> resume;  // an earlier run's history: its programs are not proposed again
+  int threads = 0;  // threads evaluating sizes in parallel; 0 = hardware_concurrency (optiflowd caps it at its budget)
 };
 
 // NCCL's native choice at one size: what it picks by itself, or the best configuration the simulator found.
