@@ -11,9 +11,10 @@ pkg_check_modules(tomlplusplus REQUIRED IMPORTED_TARGET tomlplusplus)
 find_package(Boost 1.74 CONFIG REQUIRED COMPONENTS headers)
 find_package(Threads REQUIRED)
 
+# cpp-httplib: optiflowd's /healthz and /metrics server, and the OpenAI-compatible test server of the LLM tests.
+pkg_check_modules(cpphttplib REQUIRED IMPORTED_TARGET cpp-httplib)
+
 if(OPTIFLOW_BUILD_TESTS)
-  # cpp-httplib: the OpenAI-compatible test server the LLM client tests talk to.
-  pkg_check_modules(cpphttplib REQUIRED IMPORTED_TARGET cpp-httplib)
   find_package(GTest CONFIG)
   if(NOT GTest_FOUND)
     include(FetchContent)

@@ -1,0 +1,3 @@
+#include "optiflow/daemon/daemon.h"
+
+int main(int argc, char** argv) { return optiflow::daemon::daemonMain(argc, argv); }

@@ -1,0 +1,825 @@
+// optiflowd as an operator runs it: the built binary started with a config in a temp directory, on a namespace of
+// its own ("e2e-d-<pid>-<n>", removed at the end whatever happens). It publishes a plan that the tuner plugin
+// (dlopen'ed as NCCL does it) applies, serves /healthz and /metrics, reloads on SIGHUP, stops on SIGTERM within 2 s,
+// refuses a second daemon on its namespace, survives a SIGKILL in the middle of a publish with the cache readable,
+// follows the jobs' activity but pauses while they are busy, and stays small. Synthesis is kept tiny (one
+// collective, one or two sizes, one round of two candidates) so each daemon's first pass takes a fraction of a second.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "../abi/abi_test_support.h"
+#include "../unit/llm_test_support.h"
+#include "optiflow/schedcache/plan.h"
+#include "optiflow/schedcache/reader.h"
+#include "optiflowd_test_support.h"
+
+namespace optiflow::daemontest {
+namespace {
+
+namespace sc = optiflow::schedcache;
+
+const std::string kDaemon = OPTIFLOWD_BINARY;
+const std::string kCli = OPTIFLOW_CLI;
+const std::string kTunerLib = OPTIFLOW_TUNER_PLUGIN;
+
+constexpr double kFirstPlanS = 120;  // the issue: a first plan within two minutes
+constexpr double kStartS = 30;       // until /healthz answers
+constexpr double kStopS = 2;         // SIGTERM/SIGINT -> exit
+
+struct ConfigOptions {
+  std::string proposer = "builtin";
+  std::vector<std::string> collectives = {"allgather"};
+  std::vector<std::string> sizes = {"64KiB", "1MiB"};
+  int rounds = 1;
+  int candidates = 2;
+  std::string logLevel = "info";
+  bool logJson = false;
+  double cpuCores = 1.0;
+  double busyCallsPerS = 50;
+  double idleWindowS = 2;
+  std::string llmEndpoint;  // with proposer = "llm"
+  std::string llmKeyEnv;
+};
+
+std::string tomlList(const std::vector<std::string>& v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", \"" : "\"") + v[i] + "\"";
+  return s + "]";
+}
+
+std::size_t lineCount(const std::string& text) {
+  return static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n'));
+}
+
+class Optiflowd : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    static int counter = 0;
+    ++counter;
+    ns_ = fmt::format("e2e-d-{}-{}", ::getpid(), counter);
+    dir_ = fs::temp_directory_path() / fmt::format("optiflowd-e2e-{}-{}", ::getpid(), counter);
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "state");
+    removeNamespace(ns_);
+  }
+
+  void TearDown() override {
+    for (std::unique_ptr<Child>& d : daemons_) {
+      if (d->running()) {
+        d->signal(SIGKILL);
+        d->waitExit(5);
+      }
+      if (HasFailure()) std::cerr << "---- optiflowd pid " << d->pid() << " log:\n" << d->log() << "----\n";
+    }
+    daemons_.clear();
+    removeNamespace(ns_);
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  std::string configText(const ConfigOptions& o) const {
+    std::string t = fmt::format(
+        "# optiflowd e2e test\n"
+        "version = 1\n"
+        "\n"
+        "[cache]\n"
+        "namespace = \"{}\"\n"
+        "\n"
+        "[topology]\n"
+        "preset = \"dgx-a100\"\n"
+        "\n"
+        "[synthesis]\n"
+        "proposer = \"{}\"\n"
+        "evaluator = \"simulator\"\n"
+        "collectives = {}\n"
+        "sizes = {}\n"
+        "rounds = {}\n"
+        "candidates_per_round = {}\n"
+        "interval_s = 3600\n"
+        "state_dir = \"{}\"\n"
+        "seed = 1\n"
+        "\n"
+        "[budget]\n"
+        "cpu_cores = {}\n"
+        "nice = 10\n"
+        "busy_calls_per_s = {}\n"
+        "idle_window_s = {}\n"
+        "\n"
+        "[probe]\n"
+        "enabled = false\n"
+        "\n"
+        "[metrics]\n"
+        "address = \"127.0.0.1\"\n"
+        "port = 0\n"
+        "\n"
+        "[log]\n"
+        "level = \"{}\"\n"
+        "json = {}\n",
+        ns_, o.proposer, tomlList(o.collectives), tomlList(o.sizes), o.rounds, o.candidates, (dir_ / "state").string(),
+        fmt::format("{:.2f}", o.cpuCores), fmt::format("{:.1f}", o.busyCallsPerS), fmt::format("{:.1f}", o.idleWindowS),
+        o.logLevel, o.logJson);
+    if (!o.llmEndpoint.empty()) {
+      t += fmt::format("\n[llm]\nendpoint = \"{}\"\nmodel = \"test-model\"\napi_key_env = \"{}\"\ntimeout_s = 10\n",
+                       o.llmEndpoint, o.llmKeyEnv);
+    }
+    return t;
+  }
+
+  fs::path write(const std::string& name, const std::string& text) const {
+    const fs::path p = dir_ / name;
+    std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
+    return p;
+  }
+  fs::path writeConfig(const ConfigOptions& o, const std::string& name = "optiflowd.toml") const {
+    return write(name, configText(o));
+  }
+
+  Child& startDaemon(const fs::path& config, const EnvList& env = {}) {
+    daemons_.push_back(std::make_unique<Child>());
+    Child& d = *daemons_.back();
+    std::string error;
+    const fs::path log = dir_ / fmt::format("optiflowd-{}.log", daemons_.size());
+    EXPECT_TRUE(d.start({kDaemon, "--config", config.string()}, env, log, &error)) << error;
+    return d;
+  }
+
+  // The port the daemon's HTTP server bound (the config asks for port 0): from its log line, or a file in the state
+  // directory. 0 when it does not say within kStartS (or it exited).
+  int metricsPort(Child& d) {
+    static const std::regex kLine(R"((?:metrics|http|listening|serving)[^\n]*?127\.0\.0\.1:([0-9]{2,5}))",
+                                  std::regex::icase);
+    int port = 0;
+    waitFor(
+        [&] {
+          std::smatch m;
+          const std::string log = d.log();
+          if (std::regex_search(log, m, kLine)) port = std::stoi(m[1]);
+          for (const char* name : {"metrics.port", "metrics_port", "http.port", "port"}) {
+            const std::string text = slurp(dir_ / "state" / name);
+            if (port == 0 && !text.empty()) port = std::atoi(text.c_str());
+          }
+          return port > 0 || !d.running();
+        },
+        kStartS);
+    return port;
+  }
+
+  // Waits for the daemon to answer /healthz 200; its metrics port, or 0.
+  int waitHealthy(Child& d) {
+    const int port = metricsPort(d);
+    if (port == 0) {
+      ADD_FAILURE() << "optiflowd (pid " << d.pid() << ") did not tell its metrics port within " << kStartS
+                    << " s; log:\n"
+                    << d.log();
+      return 0;
+    }
+    HttpReply r;
+    const bool ok = waitFor([&] { return (r = httpGet(port, "/healthz")).status == 200 || !d.running(); }, kStartS);
+    EXPECT_TRUE(ok && r.status == 200) << "/healthz on port " << port << ": " << r.status << " " << r.error << " "
+                                       << r.body;
+    return port;
+  }
+
+  std::optional<sc::PlanInfo> currentPlan() const {
+    sc::Error e;
+    std::unique_ptr<sc::Reader> reader = sc::Reader::attach(ns_, &e);
+    if (!reader) return std::nullopt;
+    sc::PlanInfo info;
+    if (reader->current(&info) != sc::Status::kOk) return std::nullopt;
+    return info;
+  }
+
+  // Waits for a current plan other than `notHash`; nullopt (and a failure naming the log) when none came.
+  std::optional<sc::PlanInfo> waitForPlan(Child& d, std::uint64_t notHash = 0, double timeoutS = kFirstPlanS) {
+    std::optional<sc::PlanInfo> info;
+    const auto t0 = Clock::now();
+    waitFor(
+        [&] {
+          info = currentPlan();
+          return (info && info->contentHash != notHash) || !d.running();
+        },
+        timeoutS, 100);
+    if (!info || info->contentHash == notHash) {
+      ADD_FAILURE() << "no new plan current in " << ns_ << " after " << secondsSince(t0) << " s (daemon "
+                    << (d.running() ? "running" : "exited") << ")";
+      return std::nullopt;
+    }
+    std::cout << "[ info ] plan " << sc::formatHash(info->contentHash) << " current after " << secondsSince(t0)
+              << " s\n";
+    return info;
+  }
+
+  Scrape scrape(int port) {
+    const HttpReply r = httpGet(port, "/metrics");
+    EXPECT_EQ(r.status, 200) << r.error;
+    Scrape s = parsePrometheus(r.body);
+    EXPECT_EQ(s.error, "") << r.body;
+    return s;
+  }
+
+  RunResult cli(const std::string& args) {
+    std::vector<std::string> argv = {kCli};
+    std::istringstream in(args);
+    for (std::string a; in >> a;) argv.push_back(a);
+    return runProgram(argv, {}, dir_ / "cli.log", 60);
+  }
+
+  std::string ns_;
+  fs::path dir_;
+  std::vector<std::unique_ptr<Child>> daemons_;
+};
+
+// The tuner plugin as NCCL drives it (abi_test_support.h): dlopen'ed, ncclTunerPlugin_v5, NCCL-laid-out cost tables,
+// on namespace `ns`, with OPTIFLOW_SETTLE_S=0 (the daemon's segment is seconds old). Communicators are finalized and
+// the environment restored on destruction.
+class Tuner {
+ public:
+  explicit Tuner(const std::string& ns) : env_(std::make_unique<abitest::CleanEnvironment>()) {
+    ::setenv("OPTIFLOW_NAMESPACE", ns.c_str(), 1);
+    abitest::capturedLog().clear();
+    lib_ = abitest::Library::open(kTunerLib);
+    if (lib_) v5_ = lib_.table<ncclTuner_v5_t>("ncclTunerPlugin_v5");
+  }
+  ~Tuner() {
+    for (void* ctx : comms_) v5_->finalize(ctx);
+    lib_.reset();
+    env_.reset();
+  }
+  Tuner(const Tuner&) = delete;
+  Tuner& operator=(const Tuner&) = delete;
+
+  bool ok() const { return v5_ != nullptr; }
+  // A new communicator (tuner init); nullptr when init fails.
+  void* init(std::uint64_t commId, std::uint32_t nRanks, std::uint32_t nNodes) {
+    const int perNode = static_cast<int>(nRanks / nNodes);
+    ncclNvlDomainInfo_v5_t nvl{static_cast<int>(nNodes), perNode, perNode};
+    ncclTunerConstants_v5_t constants = abitest::sentinelConstants();
+    void* ctx = nullptr;
+    if (v5_->init(&ctx, commId, nRanks, nNodes, abitest::captureLogger, &nvl, &constants) != ncclSuccess) {
+      return nullptr;
+    }
+    comms_.push_back(ctx);
+    return ctx;
+  }
+  struct Call {
+    ncclResult_t rc = ncclInternalError;
+    abitest::CostTable<7> table;
+    int nChannels = 0;
+  };
+  Call call(void* ctx, sc::Collective coll, std::uint64_t nBytes) const {
+    Call c;
+    c.table = abitest::ncclLikeTable<7>();
+    c.rc = v5_->getCollInfo(ctx, static_cast<ncclFunc_t>(coll), nBytes, 1, c.table.nccl(), 7, NCCL_NUM_PROTOCOLS, 0,
+                            &c.nChannels);
+    return c;
+  }
+
+ private:
+  std::unique_ptr<abitest::CleanEnvironment> env_;
+  abitest::Library lib_;
+  const ncclTuner_v5_t* v5_ = nullptr;
+  std::vector<void*> comms_;
+};
+
+// The first entry of `plan` (of collective `coll` when given) the tuner can apply to the tables below: an algorithm
+// and a protocol, not CollNet (unavailable, -1, as on a node without SHARP).
+const sc::PlanItem* applicableItem(const sc::Plan& plan, std::optional<sc::Collective> coll = std::nullopt) {
+  for (const sc::PlanItem& it : plan.items) {
+    if (coll && it.coll != *coll) continue;
+    if (it.algorithm == sc::Algorithm::kNone || it.protocol == sc::Protocol::kNone ||
+        it.algorithm == sc::Algorithm::kCollNetDirect || it.algorithm == sc::Algorithm::kCollNetChain) {
+      continue;
+    }
+    return &it;
+  }
+  return nullptr;
+}
+
+// Empty when `call` shows the decision of `item` applied (its entry 0.0 and NCCL's pick, its channels); else why not.
+std::string notApplied(const Tuner::Call& call, const sc::PlanItem& item) {
+  const int algo = static_cast<int>(item.algorithm);
+  const int proto = static_cast<int>(item.protocol);
+  std::string why;
+  if (call.rc != ncclSuccess) why += fmt::format("getCollInfo returned {}; ", static_cast<int>(call.rc));
+  if (call.table.v[algo][proto] != 0.0f || !(abitest::ncclPick(call.table) == abitest::Choice{algo, proto})) {
+    why += fmt::format("{}/{} not chosen; ", sc::toString(item.algorithm), sc::toString(item.protocol));
+  }
+  if (call.nChannels != item.nChannels) why += fmt::format("nChannels {} != {}; ", call.nChannels, item.nChannels);
+  return why.empty() ? why : why + "log:\n" + abitest::logDump();
+}
+
+std::optional<sc::Plan> loadPlan(const std::string& ns, std::uint64_t hash) {
+  sc::Error e;
+  std::unique_ptr<sc::Reader> reader = sc::Reader::attach(ns, &e);
+  if (!reader) return std::nullopt;
+  sc::Plan plan;
+  sc::PlanInfo info;
+  std::string detail;
+  if (reader->loadPlan(hash, &plan, &info, &detail) != sc::Status::kOk) return std::nullopt;
+  return plan;
+}
+
+// A communicator of the plan's shape applies the daemon's decision for one of its entries.
+void expectTunerApplies(const std::string& ns, const sc::Plan& plan, std::uint64_t hash) {
+  const sc::PlanItem* pick = applicableItem(plan);
+  ASSERT_NE(pick, nullptr) << "the daemon's plan has no entry with an algorithm and protocol the tuner can apply";
+  Tuner tuner(ns);
+  ASSERT_TRUE(tuner.ok()) << abitest::dlerrorText();
+  // A multi-node communicator uses a plan only when the job pins it (docs/consistency.md).
+  if (pick->nNodes > 1) ::setenv("OPTIFLOW_PLAN", sc::formatHash(hash).c_str(), 1);
+  void* ctx = tuner.init(0x0e2ed0000001ull, pick->nRanks, pick->nNodes);
+  ASSERT_NE(ctx, nullptr) << abitest::logDump();
+  EXPECT_EQ(notApplied(tuner.call(ctx, pick->coll, pick->minBytes), *pick), "")
+      << sc::toString(pick->coll) << " " << pick->minBytes << " B on " << pick->nRanks << " ranks";
+  const std::vector<std::string> info = abitest::tunerLines(NCCL_LOG_INFO);
+  EXPECT_TRUE(std::any_of(info.begin(), info.end(), [&](const std::string& l) {
+    return contains(l, "using plan") && contains(l, sc::formatHash(hash));
+  })) << abitest::logDump();
+}
+
+// 1. Config in a temp dir -> a plan within two minutes, /healthz, /metrics, and the tuner applies the plan.
+TEST_F(Optiflowd, PublishesAPlanTheTunerAppliesAndServesHealthAndMetrics) {
+  Child& d = startDaemon(writeConfig({}));
+  const int port = waitHealthy(d);
+  ASSERT_GT(port, 0);
+  const std::optional<sc::PlanInfo> info = waitForPlan(d);
+  ASSERT_TRUE(info);
+  EXPECT_GT(info->entryCount, 0u);
+
+  const HttpReply health = httpGet(port, "/healthz");
+  EXPECT_EQ(health.status, 200);
+  EXPECT_EQ(health.body, "ok\n");
+
+  const HttpReply metrics = httpGet(port, "/metrics");
+  ASSERT_EQ(metrics.status, 200) << metrics.error;
+  EXPECT_TRUE(contains(metrics.contentType, "text/plain")) << metrics.contentType;
+  EXPECT_TRUE(contains(metrics.contentType, "version=0.0.4")) << metrics.contentType;
+  const Scrape s = parsePrometheus(metrics.body);
+  ASSERT_EQ(s.error, "") << metrics.body;
+  EXPECT_EQ(s.value("optiflowd_up"), 1.0) << metrics.body;
+  EXPECT_GE(s.value("optiflowd_plans_published_total").value_or(0), 1.0) << metrics.body;
+  EXPECT_EQ(s.types.count("optiflowd_plans_published_total") ? s.types.at("optiflowd_plans_published_total") : "",
+            "counter");
+  EXPECT_GE(s.value("optiflowd_synthesis_rounds_total").value_or(0), 1.0) << metrics.body;
+  // One best speedup per synthesized size, labelled with the collective.
+  const auto speedups = s.family("optiflowd_best_speedup");
+  EXPECT_FALSE(speedups.empty()) << metrics.body;
+  for (const auto& [key, v] : speedups) {
+    EXPECT_TRUE(contains(key, "collective=\"allgather\"")) << key;
+    EXPECT_GT(v, 0.0) << key;
+  }
+  EXPECT_EQ(httpGet(port, "/no-such-page").status, 404);
+
+  sc::Error e;
+  std::unique_ptr<sc::Reader> reader = sc::Reader::attach(ns_, &e);
+  ASSERT_TRUE(reader) << e.message;
+  sc::Plan plan;
+  sc::PlanInfo planInfo;
+  std::string detail;
+  ASSERT_EQ(reader->loadPlan(0, &plan, &planInfo, &detail), sc::Status::kOk) << detail;
+  EXPECT_EQ(planInfo.contentHash, info->contentHash);
+  EXPECT_EQ(sc::contentHash(plan), info->contentHash);
+  expectTunerApplies(ns_, plan, info->contentHash);
+  EXPECT_TRUE(d.running()) << d.log();
+}
+
+// 2. SIGHUP re-reads the config; a broken one is logged (file and line) and the daemon keeps serving.
+TEST_F(Optiflowd, SighupReloadsAndABrokenConfigKeepsTheDaemonRunning) {
+  ConfigOptions o;
+  const fs::path config = writeConfig(o);
+  Child& d = startDaemon(config);
+  const int port = waitHealthy(d);
+  ASSERT_GT(port, 0);
+  const std::optional<sc::PlanInfo> first = waitForPlan(d);
+  ASSERT_TRUE(first);
+  const double reloads0 = scrape(port).value("optiflowd_config_reloads_total").value_or(0);
+
+  // Another log level, budget and collective: the reload applies all three, and the work runs a pass for the new
+  // collective at once.
+  o.logLevel = "debug";
+  o.cpuCores = 0.5;
+  o.collectives = {"allgather", "reducescatter"};
+  writeConfig(o);
+  d.signal(SIGHUP);
+  double reloads = reloads0;
+  EXPECT_TRUE(waitFor(
+      [&] { return (reloads = scrape(port).value("optiflowd_config_reloads_total").value_or(0)) >= reloads0 + 1; }, 10))
+      << "optiflowd_config_reloads_total stayed at " << reloads << " after SIGHUP; log:\n"
+      << d.log();
+  EXPECT_EQ(reloads, reloads0 + 1);
+  const std::optional<sc::PlanInfo> second = waitForPlan(d, first->contentHash, 60);
+  ASSERT_TRUE(second);
+  const std::optional<sc::Plan> plan = loadPlan(ns_, second->contentHash);
+  ASSERT_TRUE(plan);
+  EXPECT_TRUE(std::any_of(plan->items.begin(), plan->items.end(), [](const sc::PlanItem& it) {
+    return it.coll == sc::Collective::kReduceScatter;
+  })) << "the plan after the reload has no reducescatter entry";
+
+  // An unknown section on a known line (the key under it on the next).
+  std::string broken = configText(o);
+  const std::size_t tableLine = lineCount(broken) + 2;
+  broken += "\n[budget2]\ncpu_corez = 1\n";
+  const fs::path brokenFile = write("optiflowd.toml", broken);
+  d.signal(SIGHUP);
+  EXPECT_TRUE(waitFor([&] { return contains(d.log(), brokenFile.string() + ":"); }, 10))
+      << "no log line naming " << brokenFile << " after SIGHUP with a broken config; log:\n"
+      << d.log();
+  const std::string log = d.log();
+  EXPECT_TRUE(contains(log, fmt::format("{}:{}", brokenFile.string(), tableLine)) ||
+              contains(log, fmt::format("{}:{}", brokenFile.string(), tableLine + 1)))
+      << "the error names neither line " << tableLine << " nor " << tableLine + 1 << ":\n"
+      << log;
+  EXPECT_TRUE(contains(log, "budget2")) << log;
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_TRUE(d.running());
+  EXPECT_EQ(httpGet(port, "/healthz").status, 200);
+  const Scrape after = scrape(port);
+  EXPECT_EQ(after.value("optiflowd_config_reloads_total").value_or(0), reloads0 + 1)
+      << "a refused reload was counted as a reload";
+  EXPECT_EQ(after.value("optiflowd_up"), 1.0);
+  EXPECT_GE(after.value("optiflowd_errors_total{kind=\"config\"}").value_or(0), 1.0)
+      << "the refused reload is not counted";
+
+  // Fixed again: the next SIGHUP applies it.
+  o.logLevel = "info";
+  writeConfig(o);
+  d.signal(SIGHUP);
+  EXPECT_TRUE(
+      waitFor([&] { return scrape(port).value("optiflowd_config_reloads_total").value_or(0) >= reloads0 + 2; }, 10))
+      << d.log();
+  EXPECT_TRUE(d.running());
+}
+
+// 3. SIGTERM: exit 0 within 2 s; the cache stays valid and the plan current.
+TEST_F(Optiflowd, SigtermStopsWithinTwoSecondsAndLeavesTheCacheValid) {
+  Child& d = startDaemon(writeConfig({}));
+  ASSERT_GT(waitHealthy(d), 0);
+  const std::optional<sc::PlanInfo> info = waitForPlan(d);
+  ASSERT_TRUE(info);
+
+  const auto t0 = Clock::now();
+  d.signal(SIGTERM);
+  const std::optional<int> code = d.waitExit(10);
+  const double stopS = secondsSince(t0);
+  std::cout << "[ info ] SIGTERM -> exit in " << stopS << " s\n";
+  ASSERT_TRUE(code.has_value()) << "still running 10 s after SIGTERM";
+  EXPECT_EQ(*code, 0) << d.log();
+  EXPECT_LT(stopS, kStopS);
+
+  const RunResult verify = cli("cache verify --namespace " + ns_);
+  EXPECT_EQ(verify.rc, 0) << verify.output;
+  const std::optional<sc::PlanInfo> still = currentPlan();
+  ASSERT_TRUE(still);
+  EXPECT_EQ(still->contentHash, info->contentHash);
+}
+
+// ... also in the middle of a synthesis pass (three collectives, many sizes, several rounds: far longer than 2 s).
+TEST_F(Optiflowd, SigtermDuringSynthesisStopsWithinTwoSeconds) {
+  ConfigOptions o;
+  o.collectives = {"allreduce", "allgather", "reducescatter"};
+  o.sizes = {"1KiB", "4KiB", "16KiB", "64KiB", "256KiB", "1MiB", "4MiB", "16MiB", "64MiB", "256MiB"};
+  o.rounds = 6;
+  o.candidates = 8;
+  Child& d = startDaemon(writeConfig(o));
+  const int port = waitHealthy(d);
+  ASSERT_GT(port, 0);
+  // Into the first pass (its first workload alone takes tens of seconds here).
+  EXPECT_TRUE(waitFor([&] { return contains(d.log(), "synthesizing"); }, 10)) << d.log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ASSERT_TRUE(d.running()) << d.log();
+  const bool midPass = !currentPlan().has_value();
+
+  const auto t0 = Clock::now();
+  d.signal(SIGINT);
+  const std::optional<int> code = d.waitExit(10);
+  const double stopS = secondsSince(t0);
+  std::cout << "[ info ] SIGINT " << (midPass ? "mid-pass" : "after the first publish") << " -> exit in " << stopS
+            << " s\n";
+  ASSERT_TRUE(code.has_value()) << "still running 10 s after SIGINT";
+  EXPECT_EQ(*code, 0) << d.log();
+  EXPECT_LT(stopS, kStopS) << d.log();
+  EXPECT_TRUE(midPass) << "the first workload was done within 0.5 s: this test no longer stops a pass";
+  // Whatever was in flight, the segment is sound.
+  if (fs::exists(sc::segmentPath(ns_))) {
+    const RunResult verify = cli("cache verify --namespace " + ns_);
+    EXPECT_EQ(verify.rc, 0) << verify.output;
+  }
+}
+
+// 4. A second daemon on the namespace is refused with exit code 3, naming the first one's pid.
+TEST_F(Optiflowd, SecondDaemonOnTheNamespaceIsRefused) {
+  const fs::path config = writeConfig({});
+  Child& first = startDaemon(config);
+  ASSERT_GT(waitHealthy(first), 0);
+
+  Child& second = startDaemon(config);
+  const std::optional<int> code = second.waitExit(15);
+  ASSERT_TRUE(code.has_value()) << "the second daemon is still running; log:\n" << second.log();
+  EXPECT_EQ(*code, 3) << second.log();
+  const std::string log = second.log();
+  EXPECT_TRUE(contains(log, std::to_string(first.pid()))) << "does not name pid " << first.pid() << ":\n" << log;
+  EXPECT_TRUE(contains(log, ns_)) << log;
+  EXPECT_TRUE(first.running());
+}
+
+// 5. --check-config: 0 and "ok" on a good file; 2 and file:line plus the key on a bad one; the cache is untouched.
+TEST_F(Optiflowd, CheckConfigAcceptsGoodAndNamesFileLineKeyOfBad) {
+  const fs::path good = writeConfig({});
+  const RunResult ok = runProgram({kDaemon, "--config", good.string(), "--check-config"}, {}, dir_ / "check.log", 30);
+  EXPECT_EQ(ok.rc, 0) << ok.output;
+  EXPECT_TRUE(contains(ok.output, good.string())) << ok.output;
+  EXPECT_TRUE(contains(ok.output, "ok")) << ok.output;
+
+  struct Bad {
+    std::string name, find, badLine, key;  // badLine replaces the line `find`, or follows it when it is the key's
+  };
+  const Bad cases[] = {
+      {"unknown-key.toml", "seed = 1", "candidates_per_rund = 2", "candidates_per_rund"},
+      {"wrong-type.toml", "rounds = 1", "rounds = \"many\"", "rounds"},
+      {"out-of-range.toml", "cpu_cores = 1.00", "cpu_cores = 0", "cpu_cores"},
+  };
+  for (const Bad& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::string text = configText({});
+    const std::size_t at = text.find(c.find + "\n");
+    ASSERT_NE(at, std::string::npos) << c.find;
+    const bool insert = c.find.rfind(c.key, 0) != 0;
+    text.replace(at, c.find.size() + 1, (insert ? c.find + "\n" : "") + c.badLine + "\n");
+    const std::size_t lineNo = lineCount(text.substr(0, text.find(c.badLine + "\n"))) + 1;
+    const fs::path bad = write(c.name, text);
+    const RunResult r = runProgram({kDaemon, "--config", bad.string(), "--check-config"}, {}, dir_ / "check.log", 30);
+    EXPECT_EQ(r.rc, 2) << r.output;
+    EXPECT_TRUE(contains(r.output, fmt::format("{}:{}", bad.string(), lineNo)))
+        << "expected " << bad.string() << ":" << lineNo << " in:\n"
+        << r.output;
+    EXPECT_TRUE(contains(r.output, c.key)) << r.output;
+  }
+  EXPECT_FALSE(fs::exists(sc::segmentPath(ns_))) << "--check-config created the namespace's segment";
+}
+
+// 6. The language-model proposer against a local OpenAI-compatible endpoint: requests go out, a plan is published.
+TEST_F(Optiflowd, LlmProposerAgainstALocalEndpointPublishesAPlan) {
+  synth::llmtest::FakeLlmServer server;
+  server.onPost([](const httplib::Request&, httplib::Response& res, int) {
+    res.set_content(
+        synth::llmtest::completionJson("Two ideas.\n\n```ofl\nallgather ring_a\n  allgather all by ring\n```\n\n"
+                                       "```ofl\nallgather direct_b\n  allgather all by direct\n```\n"),
+        "application/json");
+  });
+  ConfigOptions o;
+  o.proposer = "llm";
+  o.llmEndpoint = server.baseUrl();
+  o.llmKeyEnv = "E2E_OPTIFLOWD_LLM_KEY";
+  const std::string secret = "e2e-secret-k3y";
+  Child& d = startDaemon(writeConfig(o), {{"E2E_OPTIFLOWD_LLM_KEY", secret}});
+  const int port = waitHealthy(d);
+  ASSERT_GT(port, 0);
+  ASSERT_TRUE(waitForPlan(d));
+  const std::vector<synth::llmtest::SeenRequest> seen = server.seen();
+  ASSERT_GE(seen.size(), 1u) << d.log();
+  EXPECT_TRUE(contains(seen[0].target, "/v1/chat/completions")) << seen[0].target;
+  EXPECT_EQ(seen[0].authorization, "Bearer " + secret);
+  EXPECT_TRUE(contains(seen[0].body, "test-model")) << seen[0].body.substr(0, 400);
+  EXPECT_TRUE(contains(seen[0].body, "allgather")) << seen[0].body.substr(0, 400);
+  EXPECT_FALSE(contains(d.log(), secret)) << "the API key was logged";
+  const Scrape s = scrape(port);
+  EXPECT_GE(s.value("optiflowd_plans_published_total").value_or(0), 1.0);
+  EXPECT_EQ(s.value("optiflowd_errors_total{kind=\"synthesis\"}").value_or(0), 0.0);
+}
+
+// 7. SIGKILL while a publish is half written: the cache stays readable with the previous plan current, and a new
+// daemon takes over the namespace (the kernel dropped the lock) and publishes.
+TEST_F(Optiflowd, KillDuringPublishLeavesTheCacheReadableAndTheNamespaceFree) {
+  ConfigOptions o;
+  Child& d1 = startDaemon(writeConfig(o));
+  ASSERT_GT(waitHealthy(d1), 0);
+  const std::optional<sc::PlanInfo> first = waitForPlan(d1);
+  ASSERT_TRUE(first);
+  d1.signal(SIGTERM);
+  ASSERT_EQ(d1.waitExit(10), 0) << d1.log();
+
+  // Another collective: the next plan differs, so the new daemon publishes (and stalls half-way through).
+  o.collectives = {"allgather", "reducescatter"};
+  const fs::path config = writeConfig(o);
+  Child& d2 = startDaemon(config, {{"OPTIFLOW_TEST_PUBLISH_STALL_MS", "8000"}});
+  bool inStall = false;
+  std::vector<std::string> report;
+  waitFor(
+      [&] {
+        sc::Error e;
+        std::unique_ptr<sc::Reader> reader = sc::Reader::attach(ns_, &e);
+        if (!reader) return !d2.running();
+        report.clear();
+        reader->check(&report);
+        inStall = std::any_of(report.begin(), report.end(), [](const std::string& l) { return contains(l, "odd"); });
+        return inStall || !d2.running();
+      },
+      kFirstPlanS, 5);
+  ASSERT_TRUE(inStall) << "never saw a slot being written; log:\n" << d2.log();
+  d2.signal(SIGKILL);
+  ASSERT_EQ(d2.waitExit(5), -SIGKILL);
+
+  sc::Error e;
+  std::unique_ptr<sc::Reader> reader = sc::Reader::attach(ns_, &e);
+  ASSERT_TRUE(reader) << e.message;
+  sc::PlanInfo current;
+  ASSERT_EQ(reader->current(&current), sc::Status::kOk);
+  EXPECT_EQ(current.contentHash, first->contentHash) << "the half-written plan became current";
+  report.clear();
+  EXPECT_TRUE(reader->check(&report)) << abitest::joinLines(report);
+  const RunResult verify = cli("cache verify --namespace " + ns_);
+  EXPECT_EQ(verify.rc, 0) << verify.output;
+
+  // The namespace is free again and the abandoned slot is no obstacle to the next publish.
+  Child& d3 = startDaemon(config);
+  ASSERT_GT(waitHealthy(d3), 0);
+  const std::optional<sc::PlanInfo> next = waitForPlan(d3, first->contentHash);
+  ASSERT_TRUE(next);
+  d3.signal(SIGTERM);
+  EXPECT_EQ(d3.waitExit(10), 0);
+  const RunResult verify2 = cli("cache verify --namespace " + ns_);
+  EXPECT_EQ(verify2.rc, 0) << verify2.output;
+}
+
+// The loop the issue describes, end to end: a job's calls (recorded by the tuner in the cache) make the daemon
+// synthesize that collective and size, but not while the job is busy; the new plan reaches new communicators only.
+TEST_F(Optiflowd, JobActivityDrivesTheWorkBusyPeriodsPauseItAndOnlyNewCommunicatorsSwitch) {
+  ConfigOptions o;
+  o.sizes = {"64KiB"};
+  o.idleWindowS = 0.5;
+  Child& d = startDaemon(writeConfig(o));
+  const int port = waitHealthy(d);
+  ASSERT_GT(port, 0);
+  const std::optional<sc::PlanInfo> first = waitForPlan(d);
+  ASSERT_TRUE(first);
+
+  Tuner tuner(ns_);
+  ASSERT_TRUE(tuner.ok()) << abitest::dlerrorText();
+  void* oldComm = tuner.init(0x0e2ed0000010ull, 8, 1);
+  ASSERT_NE(oldComm, nullptr) << abitest::logDump();
+  constexpr std::uint64_t kSize = 1u << 20;
+  // A training job: allreduce of 1 MiB at ~1000 calls/s (busy: the config says 50/s).
+  std::atomic<bool> jobRuns{true};
+  std::atomic<long> calls{0};
+  std::thread job([&] {
+    while (jobRuns) {
+      tuner.call(oldComm, sc::Collective::kAllReduce, kSize);
+      ++calls;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  d.signal(SIGHUP);  // the work looks at the activity now instead of at its next poll (30 s)
+  const auto busyFrom = Clock::now();
+  double busy = 0;
+  const bool sawBusy = waitFor([&] { return (busy = scrape(port).value("optiflowd_jobs_busy").value_or(0)) == 1; }, 5);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2000) - (Clock::now() - busyFrom));
+  const std::optional<sc::PlanInfo> duringJob = currentPlan();
+  const double pausedWhileBusy = scrape(port).value("optiflowd_work_paused_seconds_total").value_or(0);
+  jobRuns = false;
+  job.join();
+  const auto jobEnd = Clock::now();
+  EXPECT_TRUE(sawBusy) << "optiflowd_jobs_busy never became 1 while the job made " << calls << " calls";
+  ASSERT_TRUE(duringJob);
+  EXPECT_EQ(duringJob->contentHash, first->contentHash)
+      << "a plan was synthesized and published while the job was busy";
+  EXPECT_GT(pausedWhileBusy, 1.0) << "optiflowd_work_paused_seconds_total";
+
+  const std::optional<sc::PlanInfo> next = waitForPlan(d, first->contentHash, 60);
+  ASSERT_TRUE(next);
+  std::cout << "[ info ] the job made " << calls << " calls; new plan " << secondsSince(jobEnd)
+            << " s after it went idle\n";
+  const std::optional<sc::Plan> plan = loadPlan(ns_, next->contentHash);
+  ASSERT_TRUE(plan);
+  const sc::PlanItem* allreduce = nullptr;
+  for (const sc::PlanItem& it : plan->items) {
+    if (it.coll == sc::Collective::kAllReduce && it.nRanks == 8 && it.minBytes <= kSize && kSize <= it.maxBytes) {
+      allreduce = &it;
+    }
+  }
+  ASSERT_NE(allreduce, nullptr) << "the plan after the job has no allreduce entry for 1 MiB on 8 ranks";
+
+  // The running communicator keeps the plan it started with (no allreduce decision: NCCL's choice stands)...
+  const Tuner::Call old = tuner.call(oldComm, sc::Collective::kAllReduce, kSize);
+  EXPECT_TRUE(old.table == abitest::ncclLikeTable<7>()) << "a running communicator switched plans";
+  // ... a new one gets the new plan.
+  if (allreduce->algorithm != sc::Algorithm::kNone && allreduce->algorithm != sc::Algorithm::kCollNetDirect &&
+      allreduce->algorithm != sc::Algorithm::kCollNetChain && allreduce->protocol != sc::Protocol::kNone) {
+    void* newComm = tuner.init(0x0e2ed0000011ull, 8, 1);
+    ASSERT_NE(newComm, nullptr) << abitest::logDump();
+    EXPECT_EQ(notApplied(tuner.call(newComm, sc::Collective::kAllReduce, kSize), *allreduce), "");
+  }
+}
+
+// The shipped example (daemon/etc/optiflowd.toml) as it is, with the OPTIFLOW_* overrides a test (or a second
+// instance on a laptop) needs: namespace, metrics port, state directory.
+TEST_F(Optiflowd, ExampleConfigRunsAsShippedWithEnvironmentOverrides) {
+  const std::string example = std::string(OPTIFLOW_SOURCE_DIR) + "/daemon/etc/optiflowd.toml";
+  const EnvList env = {
+      {"OPTIFLOW_NAMESPACE", ns_}, {"OPTIFLOW_METRICS_PORT", "0"}, {"OPTIFLOW_STATE_DIR", (dir_ / "state").string()}};
+  const RunResult check = runProgram({kDaemon, "--config", example, "--check-config"}, env, dir_ / "check.log", 30);
+  EXPECT_EQ(check.rc, 0) << check.output;
+  EXPECT_TRUE(contains(check.output, "ok")) << check.output;
+  EnvList bad = env;
+  bad[1].second = "port9464";
+  const RunResult badCheck = runProgram({kDaemon, "--config", example, "--check-config"}, bad, dir_ / "check.log", 30);
+  EXPECT_EQ(badCheck.rc, 2) << badCheck.output;
+  EXPECT_TRUE(contains(badCheck.output, "OPTIFLOW_METRICS_PORT")) << badCheck.output;
+
+  Child& d = startDaemon(example, env);
+  const int port = waitHealthy(d);
+  ASSERT_GT(port, 0);
+  EXPECT_NE(port, 9464) << "OPTIFLOW_METRICS_PORT=0 was not applied";
+  const std::optional<sc::PlanInfo> info = waitForPlan(d);
+  ASSERT_TRUE(info);
+  EXPECT_EQ(info->source.rfind((dir_ / "state").string(), 0), 0u)
+      << "the plan was not published from OPTIFLOW_STATE_DIR: " << info->source;
+  d.signal(SIGTERM);
+  EXPECT_EQ(d.waitExit(kStopS + 1), 0) << d.log();
+}
+
+// [log] json = true: structured logs, one JSON object per line.
+TEST_F(Optiflowd, JsonLogsAreOneObjectPerLine) {
+  ConfigOptions o;
+  o.logJson = true;
+  Child& d = startDaemon(writeConfig(o));
+  ASSERT_GT(waitHealthy(d), 0);
+  ASSERT_TRUE(waitForPlan(d));
+  d.signal(SIGTERM);
+  ASSERT_EQ(d.waitExit(kStopS + 1), 0);
+  std::istringstream lines(d.log());
+  int n = 0;
+  bool published = false;
+  for (std::string line; std::getline(lines, line);) {
+    ++n;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << "line " << n << " is not a JSON object: " << line;
+    EXPECT_TRUE(j.contains("level") && j["level"].is_string()) << line;
+    ASSERT_TRUE(j.contains("msg") && j["msg"].is_string()) << line;
+    published = published || contains(j["msg"].get<std::string>(), "published plan");
+  }
+  EXPECT_GE(n, 2);
+  EXPECT_TRUE(published) << d.log();
+}
+
+// `optiflow cache clear --remove --force` under a running daemon: it creates the segment again and publishes its plan
+// there (at its next pass; SIGHUP starts one now instead of at the 30 s poll).
+TEST_F(Optiflowd, RemovedCacheIsCreatedAgainWithThePlan) {
+  Child& d = startDaemon(writeConfig({}));
+  ASSERT_GT(waitHealthy(d), 0);
+  const std::optional<sc::PlanInfo> first = waitForPlan(d);
+  ASSERT_TRUE(first);
+  const RunResult removed = cli("cache clear --remove --force --namespace " + ns_);
+  ASSERT_EQ(removed.rc, 0) << removed.output;
+  ASSERT_FALSE(fs::exists(sc::segmentPath(ns_)));
+  d.signal(SIGHUP);
+  std::optional<sc::PlanInfo> again;
+  EXPECT_TRUE(waitFor([&] { return (again = currentPlan()).has_value(); }, 20)) << d.log();
+  if (again) {
+    EXPECT_EQ(again->contentHash, first->contentHash);
+  }
+  const RunResult verify = cli("cache verify --namespace " + ns_);
+  EXPECT_EQ(verify.rc, 0) << verify.output;
+  EXPECT_TRUE(d.running());
+}
+
+// 8. Footprint: idle resident memory after the first publish under 100 MiB.
+TEST_F(Optiflowd, IdleResidentMemoryIsUnder100MiB) {
+  Child& d = startDaemon(writeConfig({}));
+  const int port = waitHealthy(d);
+  ASSERT_GT(port, 0);
+  ASSERT_TRUE(waitForPlan(d));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // the pass is over; interval_s is an hour
+  scrape(port);
+  const long rssKiB = procStatusKiB(d.pid(), "VmRSS");
+  const long hwmKiB = procStatusKiB(d.pid(), "VmHWM");
+  std::cout << "[ info ] optiflowd idle VmRSS " << static_cast<double>(rssKiB) / 1024.0 << " MiB, VmHWM "
+            << static_cast<double>(hwmKiB) / 1024.0 << " MiB\n";
+  RecordProperty("idle_rss_kib", static_cast<int>(rssKiB));
+  RecordProperty("peak_rss_kib", static_cast<int>(hwmKiB));
+  ASSERT_GT(rssKiB, 0);
+  EXPECT_LT(rssKiB, 100 * 1024);
+}
+
+}  // namespace
+}  // namespace optiflow::daemontest
