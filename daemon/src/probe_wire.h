@@ -10,7 +10,6 @@
 #pragma once
 
 #include <algorithm>
-#include <boost/crc.hpp>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -18,6 +17,7 @@
 #include <string>
 
 #include "optiflow/daemon/probe.h"
+#include "optiflow/net/bytes.h"
 #include "optiflow/net/transport.h"
 
 namespace optiflow::daemon::probewire {
@@ -51,32 +51,13 @@ struct HandleFrame {
 };
 
 namespace detail {
-inline void put16(std::uint8_t* p, std::uint16_t v) {
-  p[0] = static_cast<std::uint8_t>(v);
-  p[1] = static_cast<std::uint8_t>(v >> 8);
-}
-inline void put32(std::uint8_t* p, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<std::uint8_t>(v >> (8 * i));
-}
-inline void put64(std::uint8_t* p, std::uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<std::uint8_t>(v >> (8 * i));
-}
-inline std::uint16_t get16(const std::uint8_t* p) { return static_cast<std::uint16_t>(p[0] | (p[1] << 8)); }
-inline std::uint32_t get32(const std::uint8_t* p) {
-  std::uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
-inline std::uint64_t get64(const std::uint8_t* p) {
-  std::uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
-inline std::uint32_t crc32(const std::uint8_t* data, std::size_t length) {
-  boost::crc_32_type crc;
-  crc.process_bytes(data, length);
-  return crc.checksum();
-}
+using net::bytes::crc32;
+using net::bytes::get16;
+using net::bytes::get32;
+using net::bytes::get64;
+using net::bytes::put16;
+using net::bytes::put32;
+using net::bytes::put64;
 inline std::string hex32(std::uint32_t v) {
   char buf[16];
   std::snprintf(buf, sizeof(buf), "0x%08x", v);

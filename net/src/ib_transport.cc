@@ -17,7 +17,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <boost/crc.hpp>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
@@ -30,6 +29,7 @@
 
 #include "ib_verbs.h"
 #include "interfaces.h"
+#include "optiflow/net/bytes.h"
 #include "optiflow/net/telemetry.h"
 #include "optiflow/net/wire.h"
 
@@ -86,32 +86,13 @@ struct ReceiverMem {
   return buffer;
 }
 
-void put16(std::uint8_t* p, std::uint16_t v) {
-  p[0] = static_cast<std::uint8_t>(v);
-  p[1] = static_cast<std::uint8_t>(v >> 8);
-}
-void put32(std::uint8_t* p, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<std::uint8_t>(v >> (8 * i));
-}
-void put64(std::uint8_t* p, std::uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<std::uint8_t>(v >> (8 * i));
-}
-std::uint16_t get16(const std::uint8_t* p) { return static_cast<std::uint16_t>(p[0] | (p[1] << 8)); }
-std::uint32_t get32(const std::uint8_t* p) {
-  std::uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
-std::uint64_t get64(const std::uint8_t* p) {
-  std::uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
-std::uint32_t crc32(const std::uint8_t* data, std::size_t length) {
-  boost::crc_32_type crc;
-  crc.process_bytes(data, length);
-  return crc.checksum();
-}
+using bytes::crc32;
+using bytes::get16;
+using bytes::get32;
+using bytes::get64;
+using bytes::put16;
+using bytes::put32;
+using bytes::put64;
 bool fail(std::string* error, std::string message) {
   if (error != nullptr) *error = std::move(message);
   return false;
