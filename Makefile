@@ -6,7 +6,7 @@ OPTIFLOW := $(BUILD_DIR)/cli/optiflow
 DEMO_DIR := $(BUILD_DIR)/demo
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps configure build test demo bench asan fuzz format format-check clean
+.PHONY: all deps configure build test demo bench asan fuzz format format-check clean package package-test k8s-check
 
 all: build
 
@@ -35,6 +35,24 @@ demo: build
 	@echo
 	@echo "== optiflow verify $(DEMO_DIR)/dgx-a100x4-allgather/schedules/allgather-1MiB.xml (an exported MSCCL schedule)"
 	@$(OPTIFLOW) verify $(DEMO_DIR)/dgx-a100x4-allgather/schedules/allgather-1MiB.xml | tail -n 1
+
+# .deb and .rpm (CPack; packaging/README.md) into $(BUILD_DIR)/packages/. The packages install under /usr, so the
+# build is configured with CMAKE_INSTALL_PREFIX=/usr first (it stays in the build's cache; nothing recompiles).
+package: deps
+	@cmake --preset $(PRESET) -DCMAKE_INSTALL_PREFIX=/usr >/dev/null
+	@cmake --build --preset $(PRESET) -j $(JOBS)
+	@rm -rf $(BUILD_DIR)/packages
+	@cd $(BUILD_DIR) && cpack --config CPackConfig.cmake
+
+# As root on Debian: installs the .deb, checks it (binaries, plugins found by NCCL's rules, conffile), purges it and
+# checks that nothing is left; inspects the .rpm (scripts/package-test.sh).
+package-test: package
+	@./scripts/package-test.sh $(BUILD_DIR)
+
+# Offline checks of the Kubernetes manifests and the container file: every overlay renders, yamllint, Kubernetes
+# schemas (kubernetes-models from npm, into build/k8s-check) and the deployment's invariants (scripts/k8s-check.sh).
+k8s-check: deps
+	@./scripts/k8s-check.sh
 
 # Benchmarks: simulator scaling, compile speed, the tuner's per-call cost (Google Benchmark) and the net transport
 # against a raw socket loop on loopback (net_bench prints a table).

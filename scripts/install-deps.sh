@@ -9,6 +9,8 @@ packages=(
   libboost-dev libcurl4-openssl-dev libpugixml-dev libibverbs-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev clang-format
+  rpm dpkg-dev
+  yamllint
 )
 
 missing=()
