@@ -35,6 +35,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "fs_util.h"
 #include "http_server.h"
 #include "optiflow/daemon/budget.h"
 #include "optiflow/daemon/probe.h"
@@ -88,17 +89,7 @@ double residentBytes() {
   return static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE));
 }
 
-bool writeFileAtomic(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    if (!out.flush()) return false;
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  return !ec;
-}
+using detail::writeFileAtomic;
 
 // The exclusive lock a daemon holds on its namespace for its whole life (flock: the kernel drops it when it dies).
 class NamespaceLock {
@@ -284,9 +275,14 @@ class DaemonImpl final : public Daemon {
       cv_.wait(lock, [&] { return stop_.load(); });
     }
     const auto t0 = Clock::now();
+    // The HTTP server (up to ~1 s for a keep-alive client) stops while the work thread reaches its checkpoint, so
+    // the two waits overlap instead of adding up.
+    std::thread httpStopper([this] {
+      if (http_) http_->stop();
+    });
     if (work_.joinable()) work_.join();
     responder_.reset();
-    if (http_) http_->stop();
+    httpStopper.join();
     metrics_.set("optiflowd_up", 0);
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     if (s > kSlowStopS) spdlog::warn("stopping took {:.2f} s (the work did not reach a checkpoint sooner)", s);

@@ -20,6 +20,7 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "fs_util.h"
 #include "optiflow/core/units.h"
 #include "optiflow/daemon/activity.h"
 #include "optiflow/schedcache/reader.h"
@@ -81,20 +82,7 @@ std::optional<json> readJson(const fs::path& file) {
   return j;
 }
 
-// Written to a temporary name and renamed, so a reader (or a crash) sees the old file or the new one, never half.
-bool writeFileAtomic(const fs::path& file, const std::string& text) {
-  const fs::path tmp = file.parent_path() / fmt::format(".{}.tmp-{}", file.filename().string(), getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) return false;
-  }
-  std::error_code ec;
-  fs::rename(tmp, file, ec);
-  if (ec) fs::remove(tmp, ec);
-  return !ec;
-}
+using detail::writeFileAtomic;
 
 std::string utcStamp() {
   const auto now = std::chrono::system_clock::now();

@@ -30,6 +30,7 @@ void warn(const LogFn& log, const std::string& message) {
 namespace {
 
 constexpr std::uint64_t kStripeAlign = 4096;
+constexpr std::uint32_t kRailRetryMessages = 1024;
 constexpr int kMaxIov = 64;
 constexpr int kMaxSendRequests = kMaxRequests * kMaxRecvs;
 constexpr int kMaxProgressPasses = 8;
@@ -247,8 +248,17 @@ class TcpSendComm final : public SendComm {
       r.owner = this;
       free_.push_back(&r);
     }
-    for (const std::string& nic : core_.conn_.railNics) {
-      railIndex_.push_back(core_.conn_.telemetry != nullptr ? core_.conn_.telemetry->railIndex(nic) : -1);
+    railIndex_.assign(core_.conn_.railNics.size(), -1);
+    resolveRails();
+  }
+
+  void resolveRails() noexcept {
+    unresolvedRails_ = false;
+    for (std::size_t r = 0; r < railIndex_.size(); ++r) {
+      if (railIndex_[r] < 0 && core_.conn_.telemetry != nullptr) {
+        railIndex_[r] = core_.conn_.telemetry->railIndex(core_.conn_.railNics[r]);
+      }
+      unresolvedRails_ = unresolvedRails_ || (railIndex_[r] < 0 && core_.conn_.telemetry != nullptr);
     }
   }
 
@@ -273,6 +283,9 @@ class TcpSendComm final : public SendComm {
     req->size = size;
 
     const int streams = static_cast<int>(queues_.size());
+    // A rail without a weight record when the connection was made is looked up again every kRailRetryMessages
+    // messages, so `optiflow cache rails set` also reaches connections that predate the rail's record.
+    if (unresolvedRails_ && (seq_ % kRailRetryMessages) == 0) resolveRails();
     std::uint32_t weights[wire::kMaxStreams];
     for (int s = 0; s < streams; ++s) {
       const int idx = railIndex_[static_cast<std::size_t>(core_.conn_.railOfStream[static_cast<std::size_t>(s)])];
@@ -415,7 +428,8 @@ class TcpSendComm final : public SendComm {
   std::vector<SendRequest> pool_;
   std::vector<SendRequest*> free_;
   std::vector<Ring<SendItem>> queues_;  // by stream
-  std::vector<int> railIndex_;          // Telemetry::railIndex per rail, resolved once
+  std::vector<int> railIndex_;          // Telemetry::railIndex per rail (-1: no record yet)
+  bool unresolvedRails_ = false;        // some rail had no record: resolveRails() again now and then
   std::vector<char> blocked_;           // by stream: the last send would have blocked
   bool stalled_ = false;                // the last progress call moved nothing while a request waited
   std::uint32_t seq_ = 0;
@@ -690,13 +704,14 @@ class TcpRecvComm final : public RecvComm {
       }
     }
     int b = -1;
-    std::string tags;
-    for (int i = 0; req != nullptr && i < req->n; ++i) {
-      if (req->buffers[i].matched) continue;
-      tags += (tags.empty() ? "" : ",") + std::to_string(req->buffers[i].tag);
-      if (b < 0 && req->buffers[i].tag == h.tag) b = i;
+    for (int i = 0; req != nullptr && i < req->n && b < 0; ++i) {
+      if (!req->buffers[i].matched && req->buffers[i].tag == h.tag) b = i;
     }
     if (b < 0) {
+      std::string tags;  // for the error only: nothing is formatted on the per-message path
+      for (int i = 0; req != nullptr && i < req->n; ++i) {
+        if (!req->buffers[i].matched) tags += (tags.empty() ? "" : ",") + std::to_string(req->buffers[i].tag);
+      }
       core_.fail(Result::kInvalidUsage, "message with tag " + std::to_string(h.tag) + " (" + std::to_string(h.size) +
                                             " bytes) from " + core_.conn_.peer +
                                             " matches no buffer of the oldest posted receive (unmatched tags " + tags +
