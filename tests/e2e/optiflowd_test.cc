@@ -45,6 +45,14 @@ const std::string kTunerLib = OPTIFLOW_TUNER_PLUGIN;
 constexpr double kFirstPlanS = 120;  // the issue: a first plan within two minutes
 constexpr double kStartS = 30;       // until /healthz answers
 constexpr double kStopS = 2;         // SIGTERM/SIGINT -> exit
+// Under AddressSanitizer (make asan) a candidate evaluates several times slower and the shadow memory counts as
+// resident: the stop deadline mid-synthesis is scaled and the footprint target is checked in the release build
+// (make test) only.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
 
 struct ConfigOptions {
   std::string proposer = "builtin";
@@ -517,7 +525,7 @@ TEST_F(Optiflowd, SigtermDuringSynthesisStopsWithinTwoSeconds) {
             << " s\n";
   ASSERT_TRUE(code.has_value()) << "still running 10 s after SIGINT";
   EXPECT_EQ(*code, 0) << d.log();
-  EXPECT_LT(stopS, kStopS) << d.log();
+  EXPECT_LT(stopS, kSanitized ? 3 * kStopS : kStopS) << d.log();
   EXPECT_TRUE(midPass) << "the first workload was done within 0.5 s: this test no longer stops a pass";
   // Whatever was in flight, the segment is sound.
   if (fs::exists(sc::segmentPath(ns_))) {
@@ -805,6 +813,7 @@ TEST_F(Optiflowd, RemovedCacheIsCreatedAgainWithThePlan) {
 
 // 8. Footprint: idle resident memory after the first publish under 100 MiB.
 TEST_F(Optiflowd, IdleResidentMemoryIsUnder100MiB) {
+  if (kSanitized) GTEST_SKIP() << "AddressSanitizer's shadow memory is resident: measured in the release build";
   Child& d = startDaemon(writeConfig({}));
   const int port = waitHealthy(d);
   ASSERT_GT(port, 0);
