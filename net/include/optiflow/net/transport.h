@@ -1,6 +1,7 @@
 // The transport interface the net plugin's ABI layer drives (plugin/src/net_*.cc). One Transport per kind of network
 // (TCP sockets, RDMA verbs); the plugin picks one at init (OPTIFLOW_NET_TRANSPORT, RDMA when devices exist, else
-// TCP). Semantics follow what NCCL's proxy expects of a net plugin (../shared/reference/nccl-plugin-abi.md §3.4):
+// TCP). Semantics follow what NCCL's proxy expects of a net plugin (NCCL 2.24-2.30, src/include/plugin/net/net_v*.h
+// and the proxy's use of them in src/transport/net.cc):
 // - listen writes at most kHandleBytes into the handle and never blocks; connect and accept never block and return
 //   kOk with a null comm while the connection is in progress (the caller calls again).
 // - isend/irecv return kOk with a null request when they cannot post now (kMaxRequests in flight); the caller retries.

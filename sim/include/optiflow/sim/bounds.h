@@ -1,7 +1,8 @@
 // Lower bounds on the completion time of a collective on a topology: no schedule, however clever, can finish
 // faster on the modelled machine. Every report prints them next to a predicted time; a prediction below its bound
-// is a bug in the prediction (or in the bound). The formulas, their sources (section (c) of
-// ../shared/reference/formats-bounds-prior-art.md) and what is enumerated are in docs/bounds.md.
+// is a bug in the prediction (or in the bound). The formulas, their public sources (nccl-tests' doc/PERFORMANCE.md
+// for sizes and busbw, the alpha-beta model, the cut bounds of ForestColl and TACCL/TE-CCL) and what is enumerated
+// are in docs/bounds.md.
 //
 // Sizes follow nccl-tests (the whole buffer): All-Gather output, Reduce-Scatter input, All-Reduce / Broadcast /
 // Reduce buffer, All-to-All per-rank buffer. Bandwidths are the topology's raw (wire) figures: the simulator

@@ -1,8 +1,10 @@
-// NCCL's own performance model, rebuilt from the facts sheet (../shared/reference/nccl-cost-model.md, NCCL 2.30.7,
-// identical in 2.28.9 for Volta/Ampere/Hopper): the graph search results NCCL would derive for a topology, the
+// NCCL's own performance model, rebuilt from the rules of NCCL's public source (NCCL 2.30.7 src/graph/tuning.cc,
+// search.cc, topo.h, src/enqueue.cc; identical in 2.28.9 for Volta/Ampere/Hopper): the graph search results NCCL
+// would derive for a topology, the
 // latency and bandwidth tables of ncclTopoTuneModel, the cost table time = lat + bytes / bw per (algorithm,
 // protocol), and NCCL's choice (the minimum) with its runtime channel count. This is what NCCL *predicts* for itself,
-// not what it achieves; docs/nccl-model.md lists every constant with its section in the sheet and what is left out.
+// not what it achieves; docs/nccl-model.md lists every constant with its section (sections 1.1 .. 1.11 are defined
+// there, each naming its NCCL source file) and what is left out.
 //
 // Units: bytes, microseconds, GB/s (1e9 bytes per second). Sizes are nccl-tests sizes (the whole buffer: the
 // All-Gather output, the Reduce-Scatter input).
@@ -35,7 +37,8 @@ core::Protocol toCoreProtocol(NcclProto p);
 enum class NcclArch : std::uint8_t { Auto, Volta, Ampere, Hopper, Blackwell };
 // The host CPU selects the network post overhead and, on several nodes, the llMaxBw row. Our Topology does not
 // describe the host, so it is an option; Auto = A100 systems AMD (DGX A100 / Azure NDv4: EPYC), everything else
-// Intel (DGX H100 / HGX H200 / ND H100 v5: Xeon 8480C), per calibration.md section 3.
+// Intel (DGX H100 / HGX H200 / ND H100 v5: Xeon 8480C), per Azure's published ND A100 v4 / ND H100 v5 results and
+// NVIDIA's MLCommons H200 system description.
 enum class NcclCpu : std::uint8_t { Auto, Intel, Amd };
 
 std::string_view toString(NcclArch a);
@@ -50,22 +53,22 @@ constexpr std::uint32_t ncclProtoBit(NcclProto p) { return 1u << static_cast<uns
 struct NcclModelOptions {
   NcclArch arch = NcclArch::Auto;  // Auto: from Topology::gpuType (V100, A100/A800, H100/H200/H800, B100/B200)
   NcclCpu cpu = NcclCpu::Auto;
-  // NCCL version as major*10000 + minor*100 + patch. It matters only where the sheet says so: PAT exists from
+  // NCCL version as major*10000 + minor*100 + patch. It matters only where NCCL's rules change: PAT exists from
   // 2.23, and Blackwell's LL128 ring / NVLSTree caps differ before 2.30.
   int ncclVersion = 23007;
   // GPU <-> NIC PCIe path bandwidth as NCCL computes it (width x per-lane rate / 80); 0 = by generation: Volta
-  // Gen3 x16 = 12, Ampere Gen4 x16 = 24, Hopper/Blackwell Gen5 x16 = 48 (sheet 1.2 and its derived table).
+  // Gen3 x16 = 12, Ampere Gen4 x16 = 24, Hopper/Blackwell Gen5 x16 = 48 (section 1.2 and its derived table).
   double gpuNicPcieGBps = 0;
   std::uint32_t algorithms = kNcclAllAlgos;  // NCCL_ALGO
   std::uint32_t protocols = kNcclAllProtos;  // NCCL_PROTO
   bool enableNvls = true;                    // NCCL_NVLS_ENABLE (NVLS needs Hopper+ and NVSwitch, one node here)
-  // NVLSTree (multi-node NVLS + tree) is off by default: the sheet's derived tables for the presets do not pick
-  // it and give no NVLSTree graph. On, it assumes the NVLS graph (heads = GPUs per node, bwIntra as on one node)
-  // with bwInter = the GPU<->NIC path bandwidth; see docs/nccl-model.md.
+  // NVLSTree (multi-node NVLS + tree) is off by default: the derived tables for the presets (sections 1.2, 1.11) do
+  // not pick it, and we derived no NVLSTree graph. On, it assumes the NVLS graph (heads = GPUs per node, bwIntra as on
+  // one node) with bwInter = the GPU<->NIC path bandwidth; see docs/nccl-model.md.
   bool enableNvlsTree = false;
 };
 
-// One graph search result (sheet 1.1 step 2, 1.2): parallel channels that each sustain bwIntra inside the node and
+// One graph search result (section 1.1 step 2, 1.2): parallel channels that each sustain bwIntra inside the node and
 // bwInter to the NIC, after channel duplication (ncclTopoDupChannels).
 struct NcclGraph {
   bool present = false;

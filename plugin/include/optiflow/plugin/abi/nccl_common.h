@@ -1,6 +1,8 @@
-// OptiFlow's own declarations of the parts of NCCL's plugin ABI every plugin shares, written from
-// shared/reference/nccl-plugin-abi.md (NCCL 2.21-2.30). NCCL's identifiers are kept verbatim; nothing here comes
-// from NCCL's headers, and nothing links libnccl.
+// OptiFlow's own declarations of the parts of NCCL's plugin ABI every plugin shares, declared from the facts of
+// NCCL's public headers (github.com/NVIDIA/nccl, versions 2.21-2.30): src/nccl.h.in (ncclResult_t),
+// src/include/nccl_common.h (log levels, subsystems, the logger type, ncclFunc_t) and src/include/plugin/nccl_tuner.h
+// (algorithm and protocol indices). NCCL's identifiers are kept verbatim; no NCCL code is copied, NCCL's headers are
+// never included, and nothing links libnccl.
 #pragma once
 
 #include <cstddef>

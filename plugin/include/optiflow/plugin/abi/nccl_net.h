@@ -1,6 +1,7 @@
-// The net plugin ABI, versions 9-12 (NCCL 2.24-2.30), declared from shared/reference/nccl-plugin-abi.md section 3.
-// Field order is the ABI; sizes and the offsets the fact sheet gives are pinned below. Each symbol ncclNetPlugin_vN
-// is a const data object. CollNet is not declared: we export none.
+// The net plugin ABI, versions 9-12 (NCCL 2.24-2.30), declared from the facts of NCCL's public headers
+// src/include/plugin/net/net_v9.h .. net_v12.h and src/include/plugin/nccl_net.h (github.com/NVIDIA/nccl); no NCCL
+// code is copied. Field order is the ABI; the struct sizes and the property offsets are pinned below. Each symbol
+// ncclNetPlugin_vN is a const data object. CollNet is not declared: we export none.
 #pragma once
 
 #include <cstddef>
@@ -250,7 +251,8 @@ typedef struct {
 
 }  // extern "C"
 
-// Sizes: fact sheet §3.2/§3.3 ([ran] on x86-64); v12 properties from NCCL 2.30's field list.
+// Sizes and offsets as NCCL's own v9-v11 declarations lay them out on x86-64; v12 properties from the field list
+// of NCCL 2.30's net_v12.h.
 static_assert(sizeof(ncclNet_v9_t) == 160 && sizeof(ncclNet_v10_t) == 160);
 static_assert(sizeof(ncclNet_v11_t) == 176 && sizeof(ncclNet_v12_t) == 176);
 static_assert(offsetof(ncclNet_v9_t, test) == 13 * 8 && offsetof(ncclNet_v9_t, makeVDevice) == 19 * 8);

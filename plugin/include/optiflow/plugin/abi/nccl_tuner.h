@@ -1,5 +1,7 @@
-// The tuner plugin ABI, versions 2-6 (NCCL 2.21-2.30), declared from shared/reference/nccl-plugin-abi.md section 2.
-// Field order is the ABI; sizes are pinned below. Each symbol ncclTunerPlugin_vN is a const data object.
+// The tuner plugin ABI, versions 2-6 (NCCL 2.21-2.30), declared from the facts of NCCL's public headers
+// src/include/plugin/tuner/tuner_v2.h .. tuner_v6.h and src/include/plugin/nccl_tuner.h (github.com/NVIDIA/nccl); no
+// NCCL code is copied. Field order is the ABI; sizes are pinned below. Each symbol ncclTunerPlugin_vN is a const data
+// object.
 #pragma once
 
 #include <cstddef>
