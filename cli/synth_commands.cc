@@ -15,11 +15,10 @@
 #include "commands.h"
 #include "optiflow/core/topology.h"
 #include "optiflow/core/units.h"
-#include "optiflow/synth/builtin_proposer.h"
-#include "optiflow/synth/llm_proposer.h"
 #include "optiflow/synth/loop.h"
-#include "optiflow/synth/plan.h"
 #include "optiflow/synth/report.h"
+#include "optiflow/synth/run_dir.h"
+#include "optiflow/synth/service.h"
 
 namespace optiflow::cli {
 
@@ -183,9 +182,10 @@ int runSynthesize(const SynthArgs& a) {
   cfg.params.launchUs = a.launch == "host" ? sim::kLaunchUsHost : sim::kLaunchUsCudaGraph;
 
   // Every argument is checked before the run directory is touched, so a wrong flag loses nothing.
-  synth::BuiltinProposer builtin(a.seed);
-  std::unique_ptr<synth::LlmProposer> llm;
-  synth::Proposer* proposer = &builtin;
+  synth::SynthesisSpec spec;
+  spec.proposer = a.proposer;
+  spec.seed = a.seed;
+  spec.runDir = dir;
   if (a.proposer == "llm") {
     if (a.llmUrl.empty() || a.llmModel.empty()) {
       fmt::print(stderr,
@@ -198,33 +198,16 @@ int runSynthesize(const SynthArgs& a) {
       fmt::print(stderr, "optiflow: {}\n", key.error().str());
       return kExitBadInput;
     }
-    synth::LlmConfig lc;
-    lc.baseUrl = a.llmUrl;
-    lc.model = a.llmModel;
-    lc.apiKey = std::move(key).value();
-    lc.timeoutS = a.llmTimeoutS;
-    llm = std::make_unique<synth::LlmProposer>(synth::LlmClient(std::move(lc)), builtin);
-    proposer = llm.get();
+    spec.llm.baseUrl = a.llmUrl;
+    spec.llm.model = a.llmModel;
+    spec.llm.apiKey = std::move(key).value();
+    spec.llm.timeoutS = a.llmTimeoutS;
   }
 
   std::error_code ec;
   const bool earlier = fs::exists(historyFile, ec) || fs::exists(dir / "plan.json", ec);
   if (a.resume) {
-    auto hist = synth::readHistory(historyFile);
-    if (!hist) {
-      fmt::print(stderr, "optiflow: {}\n", hist.error().str());
-      return kExitBadInput;
-    }
-    cfg.resume = std::move(hist).value();
-    for (const synth::CandidateRecord& r : cfg.resume) {
-      if (r.stage == "ok" && r.sizes.size() != cfg.sizes.size()) {
-        fmt::print(stderr,
-                   "optiflow: {}: candidate {} was evaluated at {} sizes, this run has {}: resume with the "
-                   "same --sizes\n",
-                   historyFile.string(), r.id, r.sizes.size(), cfg.sizes.size());
-        return kExitBadInput;
-      }
-    }
+    spec.resumeFrom = historyFile;
   } else if (earlier) {
     if (!a.force) {
       fmt::print(stderr,
@@ -237,30 +220,23 @@ int runSynthesize(const SynthArgs& a) {
     fs::remove_all(dir / "programs", ec);
     fs::remove_all(dir / "schedules", ec);
   }
-  auto writer = synth::HistoryWriter::open(historyFile);
-  if (!writer) {
-    fmt::print(stderr, "optiflow: {}\n", writer.error().str());
+  spec.config = cfg;
+
+  auto synthesis = synth::Synthesis::prepare(*topo, std::move(spec));
+  if (!synthesis) {
+    fmt::print(stderr, "optiflow: {}\n", synthesis.error().str());
     return kExitBadInput;
   }
-
-  synth::SimEvaluator evaluator(*topo, cfg.params);
   ProgressPrinter printer(a.quiet, cfg.rounds);
-  bool historyOk = true;
-  const synth::SynthResult res =
-      synth::runSynthesis(*topo, cfg, *proposer, evaluator, [&](const synth::ProgressEvent& e) {
-        if (e.kind == synth::ProgressEvent::Kind::Candidate && historyOk && !writer->append(*e.record)) {
-          historyOk = false;
-          spdlog::error("cannot append to {}; the run goes on without a history", historyFile.string());
-        }
-        printer(e);
-      });
-
-  synth::RunInfo info{std::string(proposer->name()), std::string(evaluator.name()), a.seed};
-  auto wrote = synth::writeRunDirectory(dir, *topo, cfg, res, info);
-  if (!wrote) {
-    fmt::print(stderr, "optiflow: {}\n", wrote.error().str());
+  synth::SynthesisHooks hooks;
+  hooks.progress = [&](const synth::ProgressEvent& e) { printer(e); };
+  const synth::SynthesisOutcome ran = synthesis->run(hooks);
+  if (ran.error) {
+    fmt::print(stderr, "optiflow: {}\n", ran.error->str());
     return kExitFailed;
   }
+  const synth::SynthResult& res = ran.result;
+  const synth::RunInfo& info = ran.info;
   if (a.json) {
     std::cout << resultJson(*topo, cfg, res, dir).dump(2) << '\n';
   } else {

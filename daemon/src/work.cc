@@ -24,13 +24,11 @@
 #include "optiflow/core/units.h"
 #include "optiflow/daemon/activity.h"
 #include "optiflow/schedcache/reader.h"
-#include "optiflow/synth/builtin_proposer.h"
 #include "optiflow/synth/cache_plan.h"
-#include "optiflow/synth/evaluator.h"
 #include "optiflow/synth/llm_client.h"
-#include "optiflow/synth/llm_proposer.h"
 #include "optiflow/synth/loop.h"
-#include "optiflow/synth/plan.h"
+#include "optiflow/synth/run_dir.h"
+#include "optiflow/synth/service.h"
 
 namespace optiflow::daemon {
 
@@ -38,10 +36,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-// Thrown from the synthesis loop's progress callback when the gate says the daemon is stopping: the loop has no
-// cancellation hook, and nothing of an interrupted run is kept.
-struct Interrupted {};
 
 constexpr int kKeepRunsPerCollective = 3;
 constexpr int kKeepPlans = 4;  // as many as the segment has slots: every plan it holds keeps its files
@@ -261,13 +255,15 @@ struct WorkLoop::Impl {
     return dir;
   }
 
-  // One workload's synthesis into a new run directory. Throws Interrupted when stop is requested.
-  core::Result<int> synthesize(const Workload& w, const Config& cfg, const core::Topology& topo, const std::string& fp,
-                               const std::atomic<bool>& stop) {
+  // One workload's synthesis into a new run directory: its rounds, or nullopt when stop was requested (nothing of
+  // an interrupted run is kept).
+  core::Result<std::optional<int>> synthesize(const Workload& w, const Config& cfg, const core::Topology& topo,
+                                              const std::string& fp, const std::atomic<bool>& stop) {
     const std::string name = collName(w.collective);
     const std::optional<core::Collective> coll = core::parseCollective(name);
     if (!coll) return diag("<work>", fmt::format("collective {} has no synthesis", name));
-    synth::SynthConfig sc;
+    synth::SynthesisSpec spec;
+    synth::SynthConfig& sc = spec.config;
     sc.collective = *coll;
     sc.sizes = w.sizes;
     sc.rounds = cfg.rounds;
@@ -275,78 +271,59 @@ struct WorkLoop::Impl {
     // No more evaluation threads than the CPU budget has cores: the budget then holds at every instant, not only on
     // average (the gate's token bucket still accounts for the whole process).
     sc.threads = std::max(1, static_cast<int>(std::ceil(cfg.cpuCores)));
-
+    spec.proposer = cfg.proposer;
+    spec.seed = cfg.seed;
+    spec.evaluator = cfg.evaluator;
+    if (cfg.proposer == "llm") {
+      spec.llm.baseUrl = cfg.llm.endpoint;
+      spec.llm.model = cfg.llm.model;
+      const char* key = cfg.llm.apiKeyEnv.empty() ? nullptr : std::getenv(cfg.llm.apiKeyEnv.c_str());
+      spec.llm.apiKey = key != nullptr ? key : "";
+      spec.llm.timeoutS = cfg.llm.timeoutS;
+      spec.llm.maxAttempts = 2;  // a dead endpoint must not hold a pass for minutes: the builtin proposer stands in
+    }
     // The same workload under the same config continues its earlier search instead of repeating it.
     auto prev = colls.find(w.collective);
     if (prev != colls.end() && prev->second.sizes == w.sizes && prev->second.fingerprint == fp) {
-      auto hist = synth::readHistory(prev->second.runDir / "history.jsonl");
-      if (hist) {
-        sc.resume = std::move(hist).value();
-      } else {
-        spdlog::warn("work: not resuming {}: {}", name, hist.error().str());
-      }
+      spec.resumeFrom = prev->second.runDir / "history.jsonl";
     }
-
-    synth::BuiltinProposer builtin(cfg.seed);
-    std::unique_ptr<synth::LlmProposer> llm;
-    synth::Proposer* proposer = &builtin;
-    if (cfg.proposer == "llm") {
-      synth::LlmConfig lc;
-      lc.baseUrl = cfg.llm.endpoint;
-      lc.model = cfg.llm.model;
-      const char* key = cfg.llm.apiKeyEnv.empty() ? nullptr : std::getenv(cfg.llm.apiKeyEnv.c_str());
-      lc.apiKey = key != nullptr ? key : "";
-      lc.timeoutS = cfg.llm.timeoutS;
-      lc.maxAttempts = 2;  // a dead endpoint must not hold a pass for minutes: the builtin proposer stands in
-      llm = std::make_unique<synth::LlmProposer>(synth::LlmClient(std::move(lc)), builtin);
-      proposer = llm.get();
-    } else if (cfg.proposer != "builtin") {
-      return diag(cfg.file, fmt::format("[synthesis] proposer = \"{}\": expected builtin or llm", cfg.proposer));
-    }
-    std::unique_ptr<synth::Evaluator> evaluator;
-    if (cfg.evaluator == "simulator") {
-      evaluator = std::make_unique<synth::SimEvaluator>(topo, sc.params);
-    } else if (cfg.evaluator == "hardware") {
-      evaluator = std::make_unique<synth::HardwareEvaluator>();
-    } else {
-      return diag(cfg.file, fmt::format("[synthesis] evaluator = \"{}\": expected simulator", cfg.evaluator));
-    }
-
     const fs::path dir = newRunDir(w.collective);
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (ec) return diag(dir, fmt::format("cannot create the run directory: {}", ec.message()));
-    auto history = synth::HistoryWriter::open(dir / "history.jsonl");
-    if (!history) return history.error();
-    for (const synth::CandidateRecord& r : sc.resume) history->append(r);
+    spec.runDir = dir;
 
-    spdlog::info("work: synthesizing {} at {} sizes ({} .. {}), {} proposer, {} rounds of {}{}", name, w.sizes.size(),
-                 core::formatSize(w.sizes.front()), core::formatSize(w.sizes.back()), proposer->name(), sc.rounds,
-                 sc.candidatesPerRound,
-                 sc.resume.empty() ? "" : fmt::format(", resuming {} candidates", sc.resume.size()));
-    synth::SynthResult res;
-    try {
-      res = synth::runSynthesis(topo, sc, *proposer, *evaluator, [&](const synth::ProgressEvent& e) {
-        using Kind = synth::ProgressEvent::Kind;
-        if (e.kind == Kind::Candidate) {
-          history->append(*e.record);
-          add("optiflowd_synthesis_candidates_total", 1);
-        } else if (e.kind == Kind::RoundEnd) {
-          add("optiflowd_synthesis_rounds_total", 1);
-        }
-        if ((e.kind == Kind::Candidate || e.kind == Kind::Baselines) && !checkpoint(stop)) throw Interrupted{};
-      });
-    } catch (const Interrupted&) {
-      fs::remove_all(dir, ec);
-      throw;
-    } catch (const std::exception& e) {
-      fs::remove_all(dir, ec);
-      return diag(dir, fmt::format("synthesis of {} failed: {}", name, e.what()));
+    auto prepared = synth::Synthesis::prepare(topo, spec);
+    if (!prepared && spec.resumeFrom && prepared.error().file == spec.resumeFrom->string()) {
+      spdlog::warn("work: not resuming {}: {}", name, prepared.error().str());
+      spec.resumeFrom.reset();
+      prepared = synth::Synthesis::prepare(topo, spec);
     }
-
-    synth::RunInfo info{std::string(proposer->name()), std::string(evaluator->name()), cfg.seed};
-    auto wrote = synth::writeRunDirectory(dir, topo, sc, res, info);
-    if (!wrote) return wrote.error();
+    if (!prepared) {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+      const core::Diagnostic& d = prepared.error();
+      // The config's own mistakes name the config file.
+      return d.file == "<synthesis>" ? diag(cfg.file, "[synthesis] " + d.message) : d;
+    }
+    spdlog::info("work: synthesizing {} at {} sizes ({} .. {}), {} proposer, {} rounds of {}{}", name, w.sizes.size(),
+                 core::formatSize(w.sizes.front()), core::formatSize(w.sizes.back()), cfg.proposer, sc.rounds,
+                 sc.candidatesPerRound, spec.resumeFrom ? ", resuming the previous run" : "");
+    synth::SynthesisHooks hooks;
+    hooks.progress = [&](const synth::ProgressEvent& e) {
+      using Kind = synth::ProgressEvent::Kind;
+      if (e.kind == Kind::Candidate) {
+        add("optiflowd_synthesis_candidates_total", 1);
+      } else if (e.kind == Kind::RoundEnd) {
+        add("optiflowd_synthesis_rounds_total", 1);
+      }
+    };
+    hooks.keepGoing = [&] { return checkpoint(stop); };
+    const synth::SynthesisOutcome ran = prepared->run(hooks);
+    if (ran.stopped || ran.error) {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+      if (ran.stopped) return std::optional<int>();
+      return *ran.error;
+    }
+    const synth::SynthResult& res = ran.result;
     CollState st;
     st.runDir = dir;
     st.sizes = w.sizes;
@@ -376,7 +353,7 @@ struct WorkLoop::Impl {
                  res.roundsRun, res.stopReason, led, res.sizes.size(), dir.string());
     colls[w.collective] = std::move(st);
     gcRuns(w.collective);
-    return res.roundsRun;
+    return std::optional<int>(res.roundsRun);
   }
 
   void gcRuns(std::uint32_t c) {
@@ -405,63 +382,46 @@ struct WorkLoop::Impl {
     fs::create_directories(tmp / "programs", ec);
     if (ec) return diag(tmp, fmt::format("cannot create the plan directory: {}", ec.message()));
 
-    json merged;
-    json runs = json::array();
-    json collectives = json::array();
+    std::vector<synth::PlanFile> plans;
+    std::vector<std::string> runs;
     for (const auto& [c, st] : colls) {
-      const fs::path planFile = st.runDir / "plan.json";
-      std::optional<json> plan = readJson(planFile);
-      if (!plan || !plan->contains("collectives") || !(*plan)["collectives"].is_array()) {
+      auto plan = synth::readPlan(st.runDir / "plan.json");
+      if (!plan) {
         fs::remove_all(tmp, ec);
-        return diag(planFile, "expected a run's plan.json (synth/plan.h) with a \"collectives\" array");
+        return plan.error();
       }
-      if (merged.is_null()) {
-        merged = {{"format", "optiflow-plan"},
-                  {"version", plan->value("version", 1)},
-                  {"optiflow_version", plan->value("optiflow_version", "")},
-                  {"topology", plan->value("topology", "")},
-                  {"ranks", plan->value("ranks", 0)},
-                  {"nodes", plan->value("nodes", 0)},
-                  {"gpus_per_node", plan->value("gpus_per_node", 0)},
-                  {"proposer", plan->value("proposer", "")},
-                  {"evaluator", plan->value("evaluator", "")},
-                  {"seed", plan->value("seed", std::uint64_t{0})}};
-      }
-      runs.push_back(st.runDir.string());
-      for (json& coll : (*plan)["collectives"]) {
-        if (!coll.contains("entries") || !coll["entries"].is_array()) continue;  // loadPlanForCache will say so
-        for (json& entry : coll["entries"]) {
-          if (!entry.is_object() || !entry.contains("best") || !entry["best"].is_object()) continue;
-          json& best = entry["best"];
-          for (const char* key : {"schedule_json", "schedule_xml"}) {
-            if (!best.contains(key) || !best[key].is_string()) continue;
-            const fs::path rel = best[key].get<std::string>();
-            fs::copy_file(st.runDir / rel, tmp / "schedules" / rel.filename(), fs::copy_options::overwrite_existing,
-                          ec);
+      // The files each best names move into the merged directory; candidate ids repeat across runs, so the
+      // collective's name keeps the programs apart.
+      for (synth::PlanCollective& coll : plan->collectives) {
+        for (synth::PlanEntry& entry : coll.entries) {
+          if (!entry.best) continue;
+          for (std::string* rel : {&entry.best->scheduleJson, &entry.best->scheduleXml}) {
+            const fs::path from = st.runDir / *rel;
+            const fs::path to = fs::path("schedules") / fs::path(*rel).filename();
+            fs::copy_file(from, tmp / to, fs::copy_options::overwrite_existing, ec);
             if (ec) {
               const std::string msg = ec.message();
               fs::remove_all(tmp, ec);
-              return diag(st.runDir / rel, fmt::format("cannot copy into the merged plan: {}", msg));
+              return diag(from, fmt::format("cannot copy into the merged plan: {}", msg));
             }
-            best[key] = (fs::path("schedules") / rel.filename()).string();
+            *rel = to.string();
           }
-          // Candidate ids repeat across runs: the collective's name keeps the programs apart.
-          if (best.contains("program_file") && best["program_file"].is_string()) {
-            const fs::path rel = best["program_file"].get<std::string>();
+          if (!entry.best->programFile.empty()) {
+            const fs::path rel = entry.best->programFile;
             const fs::path renamed = fs::path("programs") / fmt::format("{}-{}", collName(c), rel.filename().string());
-            std::error_code pec;
+            std::error_code pec;  // a program is shown, not served: a missing one does not stop the merge
             fs::copy_file(st.runDir / rel, tmp / renamed, fs::copy_options::overwrite_existing, pec);
-            best["program_file"] = renamed.string();
+            entry.best->programFile = renamed.string();
           }
         }
-        collectives.push_back(std::move(coll));
       }
+      plans.push_back(std::move(plan).value());
+      runs.push_back(st.runDir.string());
     }
-    merged["runs"] = std::move(runs);
-    merged["collectives"] = std::move(collectives);
-    if (!writeFileAtomic(tmp / "plan.json", merged.dump(2) + "\n")) {
+    auto wrote = synth::writePlan(tmp / "plan.json", synth::mergePlans(plans, runs));
+    if (!wrote) {
       fs::remove_all(tmp, ec);
-      return diag(tmp / "plan.json", "cannot write the merged plan");
+      return wrote.error();
     }
     return finalizePlanDir(tmp);
   }
@@ -667,21 +627,23 @@ core::Result<PassResult> WorkLoop::runOnce(const std::atomic<bool>& stop) {
   for (const Workload& w : workloads) {
     const char* why = m.due(w.collective, w.sizes, fp, cfg.intervalS);
     if (why == nullptr) continue;
-    try {
-      if (!m.checkpoint(stop)) throw Interrupted{};
+    std::optional<int> rounds;
+    if (m.checkpoint(stop)) {
       spdlog::info("work: {} is due: {}", collName(w.collective), why);
-      auto rounds = m.synthesize(w, cfg, *topo, fp, stop);
-      if (!rounds) {
-        fail("synthesis", rounds.error());
+      auto ran = m.synthesize(w, cfg, *topo, fp, stop);
+      if (!ran) {
+        fail("synthesis", ran.error());
         continue;
       }
-      ++out.workloads;
-      out.rounds += *rounds;
-    } catch (const Interrupted&) {
+      rounds = *ran;
+    }
+    if (!rounds) {
       out.interrupted = true;
       spdlog::info("work: stopping: the pass ends before {} is done", collName(w.collective));
       break;
     }
+    ++out.workloads;
+    out.rounds += *rounds;
     mergeAndPublish();
     pending = false;
   }

@@ -89,8 +89,8 @@ void baselines(const core::Topology& topo, const SynthConfig& cfg, Evaluator& ev
 class Loop {
  public:
   Loop(const core::Topology& topo, const SynthConfig& cfg, Proposer& proposer, Evaluator& ev,
-       const std::function<void(const ProgressEvent&)>& progress)
-      : topo_(topo), cfg_(cfg), proposer_(proposer), ev_(ev), progress_(progress) {}
+       const std::function<void(const ProgressEvent&)>& progress, const std::function<bool()>& keepGoing)
+      : topo_(topo), cfg_(cfg), proposer_(proposer), ev_(ev), progress_(progress), keepGoing_(keepGoing) {}
 
   SynthResult run() {
     start_ = Clock::now();
@@ -117,6 +117,7 @@ class Loop {
       }
     });
     emit({ProgressEvent::Kind::Baselines});
+    if (stopRequested()) return finish();
     resume();
 
     int stale = 0;
@@ -146,6 +147,7 @@ class Loop {
         improved |= evaluateCandidate(round, static_cast<int>(k), cands[k]);
         emit({ProgressEvent::Kind::Candidate, round, static_cast<int>(k), static_cast<int>(cands.size()),
               &res_.history.back()});
+        if (stopRequested()) return finish();
       }
       ++res_.roundsRun;
       emit({ProgressEvent::Kind::RoundEnd, round, static_cast<int>(cands.size()), static_cast<int>(cands.size())});
@@ -159,11 +161,22 @@ class Loop {
         break;
       }
     }
+    return finish();
+  }
+
+ private:
+  bool stopRequested() {
+    if (!keepGoing_ || keepGoing_()) return false;
+    res_.stopped = true;
+    res_.stopReason = "stopped";
+    return true;
+  }
+
+  SynthResult finish() {
     res_.elapsedS = secondsSince(start_);
     return std::move(res_);
   }
 
- private:
   void emit(ProgressEvent e) {
     if (!progress_) return;
     e.result = &res_;
@@ -352,6 +365,7 @@ class Loop {
   Proposer& proposer_;
   Evaluator& ev_;
   const std::function<void(const ProgressEvent&)>& progress_;
+  const std::function<bool()>& keepGoing_;
   Clock::time_point start_;
   SynthResult res_;
   std::set<std::string> seen_;
@@ -361,8 +375,9 @@ class Loop {
 }  // namespace
 
 SynthResult runSynthesis(const core::Topology& topology, const SynthConfig& config, Proposer& proposer,
-                         Evaluator& evaluator, const std::function<void(const ProgressEvent&)>& progress) {
-  Loop loop(topology, config, proposer, evaluator, progress);
+                         Evaluator& evaluator, const std::function<void(const ProgressEvent&)>& progress,
+                         const std::function<bool()>& keepGoing) {
+  Loop loop(topology, config, proposer, evaluator, progress, keepGoing);
   return loop.run();
 }
 

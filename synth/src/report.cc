@@ -18,586 +18,62 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "optiflow/core/collective.h"
 #include "optiflow/core/schedule.h"
 #include "optiflow/core/units.h"
+#include "optiflow/synth/run_dir.h"
 
 namespace optiflow::synth {
 namespace {
 
-using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-// plan.json is about five levels deep; anything far deeper is not a plan, and refusing it early keeps hostile
-// input from costing stack or memory.
-constexpr int kMaxNesting = 64;
-
 // ---------------------------------------------------------------------------------------------------------------
-// Field paths and where they are in the text
+// What the page shows: the run directory's records (run_dir.h), read by its one reader
 
-struct Seg {
-  std::string key;  // empty: array index
-  std::size_t index = 0;
-};
-using Path = std::vector<Seg>;
+using Choice = NativeChoice;
+using Best = PlanBest;
+using Entry = PlanEntry;
 
-std::string pathString(const Path& path) {
-  if (path.empty()) return "(top level)";
-  std::string s;
-  for (const Seg& seg : path) {
-    if (seg.key.empty()) {
-      s += fmt::format("[{}]", seg.index);
-    } else {
-      if (!s.empty()) s += '.';
-      s += seg.key;
-    }
+std::string collectiveName(const PlanCollective& c) { return std::string(core::toString(c.collective)); }
+
+// The run's settings, as shown under the title (label, value); a merged plan has none of a single run's.
+std::vector<std::pair<std::string, std::string>> runSettings(const PlanFile& p) {
+  std::vector<std::pair<std::string, std::string>> meta;
+  if (!p.proposer.empty()) meta.emplace_back("proposer", p.proposer);
+  if (!p.evaluator.empty()) meta.emplace_back("evaluator", p.evaluator);
+  if (p.seed) meta.emplace_back("seed", fmt::format("{}", *p.seed));
+  if (p.rounds) meta.emplace_back("rounds", fmt::format("{}", *p.rounds));
+  if (p.candidates) meta.emplace_back("candidates", fmt::format("{}", *p.candidates));
+  if (p.elapsedS) {
+    const double s = *p.elapsedS;
+    meta.emplace_back("elapsed", s < 120 ? fmt::format("{:.1f} s", s)
+                                         : fmt::format("{:.0f} min {:.0f} s", std::floor(s / 60), std::fmod(s, 60)));
   }
-  return s;
+  if (p.stopReason) meta.emplace_back("stopped", *p.stopReason);
+  if (!p.optiflowVersion.empty()) meta.emplace_back("optiflow", p.optiflowVersion);
+  return meta;
 }
 
-// Thrown inside this file only; renderReport turns it into a Diagnostic.
-struct FieldError {
-  Path path;
-  std::string message;
-};
-
-std::pair<int, int> lineColumn(std::string_view text, std::size_t offset) {
-  offset = std::min(offset, text.size());
-  int line = 1;
-  std::size_t lineStart = 0;
-  for (std::size_t i = 0; i < offset; ++i) {
-    if (text[i] == '\n') {
-      ++line;
-      lineStart = i + 1;
-    }
-  }
-  return {line, static_cast<int>(offset - lineStart) + 1};
-}
-
-// Walks text that nlohmann already accepted, so it can be forgiving: it only has to find where a value starts.
-class Scanner {
- public:
-  explicit Scanner(std::string_view text) : text_(text) {}
-
-  std::size_t pos() const { return pos_; }
-  void advance() { pos_ = std::min(pos_ + 1, text_.size()); }
-  void ws() {
-    while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) ++pos_;
-  }
-  bool at(char c) {
-    ws();
-    return pos_ < text_.size() && text_[pos_] == c;
-  }
-  std::string_view string() {  // at '"'
-    const std::size_t start = ++pos_;
-    while (pos_ < text_.size() && text_[pos_] != '"') pos_ += text_[pos_] == '\\' ? 2 : 1;
-    pos_ = std::min(pos_, text_.size());
-    const std::string_view s = text_.substr(start, pos_ - start);
-    advance();
-    return s;
-  }
-  void skipValue() {
-    ws();
-    int depth = 0;
-    while (pos_ < text_.size()) {
-      const char c = text_[pos_];
-      if (c == '"') {
-        string();
-        if (depth == 0) return;
-        continue;
-      }
-      if (c == '{' || c == '[') {
-        ++depth;
-      } else if (c == '}' || c == ']') {
-        if (depth == 0) return;
-        if (--depth == 0) {
-          advance();
-          return;
-        }
-      } else if (c == ',' && depth == 0) {
-        return;
-      }
-      ++pos_;
-    }
-  }
-
- private:
-  std::string_view text_;
-  std::size_t pos_ = 0;
-};
-
-// Byte offset of the value at `path`, or of the deepest enclosing value found (a missing key points at its object).
-std::size_t locate(std::string_view text, const Path& path) {
-  Scanner s(text);
-  s.ws();
-  std::size_t found = s.pos();
-  for (const Seg& seg : path) {
-    if (!seg.key.empty()) {
-      if (!s.at('{')) return found;
-      s.advance();
-      bool hit = false;
-      while (s.at('"')) {
-        const std::string_view key = s.string();
-        if (!s.at(':')) return found;
-        s.advance();
-        if (key == seg.key) {
-          hit = true;
-          break;
-        }
-        s.skipValue();
-        if (!s.at(',')) return found;
-        s.advance();
-      }
-      if (!hit) return found;
-    } else {
-      if (!s.at('[')) return found;
-      s.advance();
-      for (std::size_t i = 0; i < seg.index; ++i) {
-        s.skipValue();
-        if (!s.at(',')) return found;
-        s.advance();
-      }
-    }
-    s.ws();
-    found = s.pos();
-  }
-  return found;
-}
-
-// Offset of the first bracket that goes deeper than kMaxNesting, if any.
-std::optional<std::size_t> tooDeep(std::string_view text) {
-  int depth = 0;
-  bool inString = false;
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (inString) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        inString = false;
-      }
-    } else if (c == '"') {
-      inString = true;
-    } else if (c == '{' || c == '[') {
-      if (++depth > kMaxNesting) return i;
-    } else if ((c == '}' || c == ']') && depth > 0) {
-      --depth;
-    }
-  }
-  return std::nullopt;
-}
-
-// Parses `text` or says where it is not JSON; `line` is the line of text within its file (history.jsonl).
-std::optional<core::Diagnostic> parseJson(std::string_view text, const std::string& file, int line, json& out) {
-  core::Diagnostic d{file, 0, 0, {}};
-  auto place = [&](std::size_t offset) {
-    const auto [l, c] = lineColumn(text, offset);
-    d.line = line + l - 1;
-    d.column = c;
-  };
-  if (const auto deep = tooDeep(text)) {
-    place(*deep);
-    d.message = fmt::format("JSON nested deeper than {} levels", kMaxNesting);
-    return d;
-  }
-  try {
-    out = json::parse(text.begin(), text.end());
-    return std::nullopt;
-  } catch (const json::parse_error& e) {
-    // e.byte is 1-based and points at the character where the parser gave up.
-    place(e.byte > 0 ? e.byte - 1 : 0);
-    std::string what = e.what();
-    // "[json.exception.parse_error.101] parse error at line 3, column 7: syntax error ..." -> what follows the
-    // position, which the diagnostic already carries.
-    const auto column = what.find("column");
-    const auto colon = column == std::string::npos ? std::string::npos : what.find(": ", column);
-    if (colon != std::string::npos) what = what.substr(colon + 2);
-    d.message = fmt::format("invalid JSON: {}", what);
-    return d;
-  } catch (const std::exception& e) {
-    d.message = fmt::format("invalid JSON: {}", e.what());
-    return d;
-  }
-}
-
-core::Diagnostic fieldDiagnostic(std::string_view text, const std::string& file, int line, const FieldError& e) {
-  const auto [l, c] = lineColumn(text, locate(text, e.path));
-  return core::Diagnostic{file, line + l - 1, c, fmt::format("{}: {}", pathString(e.path), e.message)};
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// Typed access that names the field on failure
-
-std::string_view typeName(const json& v) {
-  switch (v.type()) {
-    case json::value_t::null:
-      return "null";
-    case json::value_t::object:
-      return "an object";
-    case json::value_t::array:
-      return "an array";
-    case json::value_t::string:
-      return "a string";
-    case json::value_t::boolean:
-      return "a boolean";
-    case json::value_t::number_integer:
-    case json::value_t::number_unsigned:
-      return "an integer";
-    case json::value_t::number_float:
-      return "a number";
-    default:
-      return "something else";
-  }
-}
-
-class Node {
- public:
-  Node(const json& v, Path path) : v_(&v), path_(std::move(path)) {}
-
-  bool isNull() const { return v_->is_null(); }
-  const Path& path() const { return path_; }
-
-  Node operator[](std::string_view key) const {
-    auto v = find(key);
-    if (!v) fail(child(key), "missing");
-    return *v;
-  }
-  // Absent or null.
-  std::optional<Node> optional(std::string_view key) const {
-    auto v = find(key);
-    if (!v || v->isNull()) return std::nullopt;
-    return v;
-  }
-  std::vector<Node> items() const {
-    if (!v_->is_array()) wrongType("an array");
-    std::vector<Node> out;
-    out.reserve(v_->size());
-    for (std::size_t i = 0; i < v_->size(); ++i) {
-      Path p = path_;
-      p.push_back(Seg{{}, i});
-      out.emplace_back((*v_)[i], std::move(p));
-    }
-    return out;
-  }
-  void requireObject() const {
-    if (!v_->is_object()) wrongType("an object");
-  }
-
-  std::string str() const {
-    if (!v_->is_string()) wrongType("a string");
-    return v_->get<std::string>();
-  }
-  double number() const {
-    if (!v_->is_number()) wrongType("a number");
-    return v_->get<double>();
-  }
-  // Times and bounds: JSON cannot say NaN, but it can say -1.
-  double nonNegative() const {
-    const double v = number();
-    if (!(v >= 0)) fail(path_, "expected a non-negative number");
-    return v;
-  }
-  std::uint64_t count() const {
-    if (!v_->is_number_unsigned()) wrongType("a non-negative integer");
-    return v_->get<std::uint64_t>();
-  }
-  int integer() const {
-    if (v_->is_number_unsigned()) {
-      const auto u = v_->get<std::uint64_t>();
-      if (u <= static_cast<std::uint64_t>(std::numeric_limits<int>::max())) return static_cast<int>(u);
-    } else if (v_->is_number_integer()) {
-      const auto i = v_->get<std::int64_t>();
-      if (i >= std::numeric_limits<int>::min() && i <= std::numeric_limits<int>::max()) return static_cast<int>(i);
-    } else {
-      wrongType("an integer");
-    }
-    fail(path_, "integer out of range");
-  }
-  // Rank and node counts: a zero would turn every busbw into 0 and plot it.
-  int positive() const {
-    const int v = integer();
-    if (v < 1) fail(path_, "expected a positive integer");
-    return v;
-  }
-  bool boolean() const {
-    if (!v_->is_boolean()) wrongType("a boolean");
-    return v_->get<bool>();
-  }
-
-  [[noreturn]] static void fail(Path path, std::string message) {
-    throw FieldError{std::move(path), std::move(message)};
-  }
-
- private:
-  Path child(std::string_view key) const {
-    Path p = path_;
-    p.push_back(Seg{std::string(key), 0});
-    return p;
-  }
-  std::optional<Node> find(std::string_view key) const {
-    requireObject();
-    const auto it = v_->find(std::string(key));
-    if (it == v_->end()) return std::nullopt;
-    return Node(*it, child(key));
-  }
-  [[noreturn]] void wrongType(std::string_view expected) const {
-    fail(path_, fmt::format("expected {} (got {})", expected, typeName(*v_)));
-  }
-
-  const json* v_;
-  Path path_;
-};
-
-std::optional<std::string> optString(const Node& n, std::string_view key) {
-  auto v = n.optional(key);
-  return v ? std::optional(v->str()) : std::nullopt;
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// What the page shows
-
-struct Choice {
-  std::string algorithm;
-  std::string protocol;
-  int channels = 0;
-  double timeUs = 0;  // 0: no schedule at this size
-};
-
-struct Best {
-  std::string candidate;
-  std::string program;
-  std::string config;
-  double timeUs = 0;
-  std::string programFile;
-  std::string scheduleJson;
-  std::string scheduleXml;
-};
-
-struct Entry {
-  std::uint64_t sizeBytes = 0;
-  std::optional<std::uint64_t> minBytes;
-  std::optional<std::uint64_t> maxBytes;
-  double boundUs = 0;
-  std::optional<double> effectiveBoundUs;
-  std::optional<Choice> nccl;
-  std::optional<Choice> native;
-  std::optional<Best> best;
-};
-
-struct CollectiveRun {
-  std::string name;
-  core::Collective kind = core::Collective::AllGather;
-  int ranks = 0;
-  std::optional<int> nodes;
-  std::vector<Entry> entries;
-};
-
-struct Plan {
-  std::string topology;
-  int ranks = 0;
-  int nodes = 0;
-  std::optional<int> gpusPerNode;
-  std::vector<std::pair<std::string, std::string>> meta;  // label, value, as shown under the title
-  std::vector<CollectiveRun> collectives;
-};
-
-struct HistorySize {
-  std::uint64_t sizeBytes = 0;
-  bool ok = false;
-  double timeUs = 0;
-  double boundUs = 0;
-};
-
-struct HistoryRecord {
-  std::string id;
-  int round = 0;
-  std::string stage;
-  std::vector<HistorySize> sizes;
-};
-
-struct History {
-  std::vector<HistoryRecord> records;
-  bool truncatedTail = false;
-};
-
-std::optional<Choice> readChoice(const Node& entry, std::string_view key) {
-  const Node n = entry[key];  // present, possibly null
-  if (n.isNull()) return std::nullopt;
-  Choice c;
-  c.algorithm = n["algorithm"].str();
-  c.protocol = n["protocol"].str();
-  c.channels = n["channels"].integer();
-  c.timeUs = n["time_us"].nonNegative();
-  return c;
-}
-
-std::optional<Best> readBest(const Node& entry) {
-  const Node n = entry["best"];
-  if (n.isNull()) return std::nullopt;
-  Best b;
-  b.program = n["program"].str();
-  b.timeUs = n["time_us"].nonNegative();
-  b.candidate = optString(n, "candidate").value_or("");
-  b.config = optString(n, "config").value_or("");
-  b.programFile = optString(n, "program_file").value_or("");
-  b.scheduleJson = optString(n, "schedule_json").value_or("");
-  b.scheduleXml = optString(n, "schedule_xml").value_or("");
-  return b;
-}
-
-Plan readPlan(const json& doc) {
-  const Node root(doc, {});
-  root.requireObject();
-  if (auto f = optString(root, "format"); f && *f != "optiflow-plan") {
-    Node::fail({Seg{"format", 0}}, fmt::format("expected \"optiflow-plan\", not \"{}\"", *f));
-  }
-  if (auto v = root.optional("version"); v && v->integer() != 1) {
-    Node::fail({Seg{"version", 0}}, fmt::format("version {} is not supported (this build reads 1)", v->integer()));
-  }
-  Plan p;
-  p.topology = root["topology"].str();
-  p.ranks = root["ranks"].positive();
-  p.nodes = root["nodes"].positive();
-  if (auto g = root.optional("gpus_per_node")) p.gpusPerNode = g->integer();
-
-  // The run's settings are informational and optional, but a value of the wrong type is reported, not guessed at.
-  if (auto v = optString(root, "proposer")) p.meta.emplace_back("proposer", *v);
-  if (auto v = optString(root, "evaluator")) p.meta.emplace_back("evaluator", *v);
-  if (auto v = root.optional("seed")) p.meta.emplace_back("seed", fmt::format("{}", v->count()));
-  if (auto v = root.optional("rounds")) p.meta.emplace_back("rounds", fmt::format("{}", v->integer()));
-  if (auto v = root.optional("candidates")) p.meta.emplace_back("candidates", fmt::format("{}", v->integer()));
-  if (auto v = root.optional("elapsed_s")) {
-    const double s = v->nonNegative();
-    p.meta.emplace_back("elapsed", s < 120 ? fmt::format("{:.1f} s", s)
-                                           : fmt::format("{:.0f} min {:.0f} s", std::floor(s / 60), std::fmod(s, 60)));
-  }
-  if (auto v = optString(root, "stop_reason")) p.meta.emplace_back("stopped", *v);
-  if (auto v = optString(root, "optiflow_version")) p.meta.emplace_back("optiflow", *v);
-
-  for (const Node& c : root["collectives"].items()) {
-    CollectiveRun run;
-    const Node name = c["collective"];
-    run.name = name.str();
-    const auto kind = core::parseCollective(run.name);
-    if (!kind) Node::fail(name.path(), fmt::format("unknown collective \"{}\"", run.name));
-    run.kind = *kind;
-    run.ranks = c.optional("ranks") ? c["ranks"].positive() : p.ranks;
-    if (auto n = c.optional("nodes")) run.nodes = n->positive();
-    for (const Node& e : c["entries"].items()) {
-      Entry entry;
-      entry.sizeBytes = e["size_bytes"].count();
-      if (auto v = e.optional("min_bytes")) entry.minBytes = v->count();
-      if (auto v = e.optional("max_bytes")) entry.maxBytes = v->count();
-      entry.boundUs = e["bound_us"].nonNegative();
-      if (auto v = e.optional("effective_bound_us")) entry.effectiveBoundUs = v->nonNegative();
-      entry.nccl = readChoice(e, "nccl");
-      entry.native = readChoice(e, "native");
-      entry.best = readBest(e);
-      run.entries.push_back(std::move(entry));
-    }
-    // The spec says ascending; sorting anyway keeps a hand-edited plan from drawing zigzags.
-    std::stable_sort(run.entries.begin(), run.entries.end(),
-                     [](const Entry& a, const Entry& b) { return a.sizeBytes < b.sizeBytes; });
-    p.collectives.push_back(std::move(run));
-  }
-  return p;
-}
-
-HistoryRecord readRecord(const json& doc) {
-  const Node root(doc, {});
-  root.requireObject();
-  HistoryRecord r;
-  r.id = root["id"].str();
-  r.round = root["round"].integer();
-  r.stage = root["stage"].str();
-  // Only evaluated candidates carry sizes; a rejected one may leave the array out.
-  if (auto sizes = root.optional("sizes")) {
-    for (const Node& s : sizes->items()) {
-      HistorySize hs;
-      hs.sizeBytes = s["size_bytes"].count();
-      hs.ok = s["ok"].boolean();
-      hs.timeUs = s.optional("time_us") ? s["time_us"].nonNegative() : 0;
-      hs.boundUs = s.optional("bound_us") ? s["bound_us"].nonNegative() : 0;
-      r.sizes.push_back(hs);
-    }
-  }
-  return r;
-}
-
-std::optional<std::string> readFile(const fs::path& file) {
-  std::error_code ec;
-  if (!fs::is_regular_file(file, ec)) return std::nullopt;
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return std::nullopt;
-  return std::move(ss).str();
-}
-
-core::Result<Plan> loadPlan(const fs::path& dir) {
-  const fs::path file = dir / "plan.json";
-  const std::string name = file.string();
+core::Result<PlanFile> loadPlan(const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
     return core::Diagnostic{
         dir.string(), 0, 0,
         fs::exists(dir, ec) ? "not a directory (expected a run directory with plan.json)" : "no such directory"};
   }
-  const auto text = readFile(file);
-  if (!text) {
-    return core::Diagnostic{name, 0, 0,
-                            fs::exists(file, ec) ? "cannot read plan.json" : "missing (not a run directory?)"};
-  }
-  json doc;
-  if (auto err = parseJson(*text, name, 1, doc)) return *err;
-  try {
-    return readPlan(doc);
-  } catch (const FieldError& e) {
-    return fieldDiagnostic(*text, name, 1, e);
-  } catch (const std::exception& e) {
-    return core::Diagnostic{name, 0, 0, fmt::format("cannot read the plan: {}", e.what())};
-  }
+  return readPlan(dir / "plan.json");
 }
 
-// A missing history is no history; a last line without its newline is a write the run did not finish (it appends
-// and flushes line by line), so it is skipped rather than failing the whole report.
+// A missing history is no history.
 core::Result<std::optional<History>> loadHistory(const fs::path& dir) {
   const fs::path file = dir / "history.jsonl";
-  const std::string name = file.string();
   std::error_code ec;
   if (!fs::exists(file, ec)) return std::optional<History>();
-  const auto text = readFile(file);
-  if (!text) return core::Diagnostic{name, 0, 0, "cannot read history.jsonl"};
-  History h;
-  std::size_t start = 0;
-  int lineNo = 0;
-  while (start < text->size()) {
-    ++lineNo;
-    const std::size_t end = text->find('\n', start);
-    const bool last = end == std::string::npos;
-    const std::string_view line = std::string_view(*text).substr(start, last ? std::string::npos : end - start);
-    start = last ? text->size() : end + 1;
-    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    json doc;
-    if (auto err = parseJson(line, name, lineNo, doc)) {
-      if (last) {
-        h.truncatedTail = true;
-        break;
-      }
-      return *err;
-    }
-    try {
-      h.records.push_back(readRecord(doc));
-    } catch (const FieldError& e) {
-      return fieldDiagnostic(line, name, lineNo, e);
-    } catch (const std::exception& e) {
-      return core::Diagnostic{name, lineNo, 0, fmt::format("cannot read the record: {}", e.what())};
-    }
-  }
-  return std::optional<History>(std::move(h));
+  auto h = readHistory(file);
+  if (!h) return h.error();
+  return std::optional<History>(std::move(h).value());
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -976,12 +452,13 @@ std::string optNum(std::optional<double> v, std::string_view suffix = "") {
   return v ? td(num(*v) + std::string(suffix)) : missing();
 }
 
-void renderCollective(std::string& out, const CollectiveRun& c, int index) {
+void renderCollective(std::string& out, const PlanCollective& c, int index) {
   auto o = std::back_inserter(out);
-  const double factor = core::busBandwidthFactor(c.kind, c.ranks);
-  const std::string anchor = fmt::format("c{}-{}", index, c.name);
-  fmt::format_to(o, "<section id=\"{}\">\n<h2>{}, {} ranks{}</h2>\n", esc(anchor), esc(c.name), c.ranks,
-                 c.nodes ? " on " + plural(*c.nodes, "node") : "");
+  const double factor = core::busBandwidthFactor(c.collective, c.ranks);
+  const std::string name = collectiveName(c);
+  const std::string anchor = fmt::format("c{}-{}", index, name);
+  fmt::format_to(o, "<section id=\"{}\">\n<h2>{}, {} ranks on {}</h2>\n", esc(anchor), esc(name), c.ranks,
+                 plural(c.nodes, "node"));
   if (c.entries.empty()) {
     out += "<p class=\"note\">No message sizes in this run.</p>\n</section>\n";
     return;
@@ -1055,7 +532,7 @@ void renderCollective(std::string& out, const CollectiveRun& c, int index) {
   }
 
   const PlotSpec bw{.kind = "busbw",
-                    .title = fmt::format("{}: bus bandwidth", c.name),
+                    .title = fmt::format("{}: bus bandwidth", name),
                     .yLabel = "busbw (GB/s)",
                     .unit = "GB/s",
                     .logY = false,
@@ -1064,7 +541,7 @@ void renderCollective(std::string& out, const CollectiveRun& c, int index) {
                     .sizes = sizes,
                     .series = {nccl, native, optiflow, bound}};
   const PlotSpec over{.kind = "ratio",
-                      .title = fmt::format("{}: time over the lower bound", c.name),
+                      .title = fmt::format("{}: time over the lower bound", name),
                       .yLabel = "time / bound",
                       .unit = "\u00d7 bound",
                       .logY = true,
@@ -1086,14 +563,9 @@ void renderCollective(std::string& out, const CollectiveRun& c, int index) {
       "<th>&#181;s</th><th>GB/s</th><th>NCCL</th><th>OptiFlow</th></tr>\n</thead>\n<tbody>\n";
   for (std::size_t i = 0; i < c.entries.size(); ++i) {
     const Entry& e = c.entries[i];
-    std::string range;
-    if (e.minBytes && e.maxBytes) {
-      range = *e.maxBytes == std::numeric_limits<std::uint64_t>::max()
-                  ? fmt::format("{} bytes; serves {} and up", e.sizeBytes, *e.minBytes)
-                  : fmt::format("{} bytes; serves {} to {}", e.sizeBytes, *e.minBytes, *e.maxBytes);
-    } else {
-      range = fmt::format("{} bytes", e.sizeBytes);
-    }
+    const std::string range = e.maxBytes == std::numeric_limits<std::uint64_t>::max()
+                                  ? fmt::format("{} bytes; serves {} and up", e.sizeBytes, e.minBytes)
+                                  : fmt::format("{} bytes; serves {} to {}", e.sizeBytes, e.minBytes, e.maxBytes);
     std::string row = fmt::format("<tr data-size=\"{}\">", e.sizeBytes);
     row += td(core::formatSize(e.sizeBytes), "l", range);
     for (const auto* choice : {&e.nccl, &e.native}) {
@@ -1123,8 +595,9 @@ void renderCollective(std::string& out, const CollectiveRun& c, int index) {
       }
     }
     const std::string effective =
-        e.effectiveBoundUs ? fmt::format("at the simulator's link efficiencies: {} \u00b5s", num(*e.effectiveBoundUs))
-                           : "";
+        e.effectiveBoundUs > 0
+            ? fmt::format("at the simulator's link efficiencies: {} \u00b5s", num(e.effectiveBoundUs))
+            : "";
     row += e.boundUs > 0 ? td(num(e.boundUs), "", effective) : missing();
     row += optNum(busbw(e.sizeBytes, e.boundUs, factor));
     row += optNum(ratio(choiceTime(e.nccl), e.boundUs), "&#215;");
@@ -1142,7 +615,7 @@ void renderCollective(std::string& out, const CollectiveRun& c, int index) {
 void renderHistory(std::string& out, const History& h) {
   auto o = std::back_inserter(out);
   out += "<section id=\"history\">\n<h2>History</h2>\n";
-  if (h.truncatedTail) {
+  if (h.tornTail) {
     out +=
         "<p class=\"note\">The last line of history.jsonl is incomplete (the run stopped while writing it) and "
         "was skipped.</p>\n";
@@ -1157,7 +630,7 @@ void renderHistory(std::string& out, const History& h) {
   auto known = [](std::string_view s) {
     return std::find(std::begin(kStages), std::end(kStages), s) != std::end(kStages);
   };
-  for (const HistoryRecord& r : h.records) {
+  for (const CandidateRecord& r : h.records) {
     rounds.insert(r.round);
     if (!known(r.stage)) otherStages.insert(r.stage);
   }
@@ -1171,7 +644,7 @@ void renderHistory(std::string& out, const History& h) {
   auto stageRow = [&](std::string_view label, std::optional<int> round) {
     std::map<std::string, int> counts;
     int total = 0;
-    for (const HistoryRecord& r : h.records) {
+    for (const CandidateRecord& r : h.records) {
       if (round && r.round != *round) continue;
       ++counts[r.stage];
       ++total;
@@ -1189,9 +662,9 @@ void renderHistory(std::string& out, const History& h) {
 
   // Best time per size so far, after each round, as a ratio to the bound (the time where there is no bound).
   std::set<std::uint64_t> sizes;
-  for (const HistoryRecord& r : h.records) {
+  for (const CandidateRecord& r : h.records) {
     if (r.stage != "ok") continue;
-    for (const HistorySize& s : r.sizes) sizes.insert(s.sizeBytes);
+    for (const SizeResult& s : r.sizes) sizes.insert(s.sizeBytes);
   }
   if (sizes.empty()) {
     out += "<p class=\"note\">No candidate was evaluated.</p>\n</section>\n";
@@ -1204,13 +677,13 @@ void renderHistory(std::string& out, const History& h) {
   out += "</tr>\n";
   for (const std::uint64_t size : sizes) {
     fmt::format_to(o, "<tr data-size=\"{}\"><td class=\"l\">{}</td>", size, core::formatSize(size));
-    const HistoryRecord* best = nullptr;
-    const HistorySize* bestSize = nullptr;
+    const CandidateRecord* best = nullptr;
+    const SizeResult* bestSize = nullptr;
     std::optional<double> previous;
     for (const int round : rounds) {
-      for (const HistoryRecord& r : h.records) {
+      for (const CandidateRecord& r : h.records) {
         if (r.round != round || r.stage != "ok") continue;
-        for (const HistorySize& s : r.sizes) {
+        for (const SizeResult& s : r.sizes) {
           if (s.sizeBytes != size || !s.ok || !(s.timeUs > 0)) continue;
           if (!bestSize || s.timeUs < bestSize->timeUs) {
             best = &r;
@@ -1234,7 +707,7 @@ void renderHistory(std::string& out, const History& h) {
   out += "</table>\n</div>\n<p class=\"note\">Highlighted: the round that improved the size.</p>\n</section>\n";
 }
 
-std::string renderPage(const Plan& plan, const std::optional<History>& history) {
+std::string renderPage(const PlanFile& plan, const std::optional<History>& history) {
   std::string out;
   auto o = std::back_inserter(out);
   out += "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
@@ -1242,14 +715,14 @@ std::string renderPage(const Plan& plan, const std::optional<History>& history) 
   fmt::format_to(o, "<style>\n{}</style>\n</head>\n<body>\n", kStyle);
   fmt::format_to(o, "<h1>OptiFlow report: {}</h1>\n", esc(plan.topology));
   fmt::format_to(o, "<p class=\"summary\">{} ranks on {}{}", plan.ranks, plural(plan.nodes, "node"),
-                 plan.gpusPerNode ? fmt::format(" ({} GPUs per node)", *plan.gpusPerNode) : "");
-  for (const auto& [label, value] : plan.meta) fmt::format_to(o, " &#183; {} {}", esc(label), esc(value));
+                 plan.gpusPerNode > 0 ? fmt::format(" ({} GPUs per node)", plan.gpusPerNode) : "");
+  for (const auto& [label, value] : runSettings(plan)) fmt::format_to(o, " &#183; {} {}", esc(label), esc(value));
   out += "</p>\n";
   if (plan.collectives.size() > 1 || history) {
     out += "<nav>";
     for (std::size_t i = 0; i < plan.collectives.size(); ++i) {
-      fmt::format_to(o, "<a href=\"#{}\">{}</a> ", esc(fmt::format("c{}-{}", i, plan.collectives[i].name)),
-                     esc(plan.collectives[i].name));
+      const std::string name = collectiveName(plan.collectives[i]);
+      fmt::format_to(o, "<a href=\"#{}\">{}</a> ", esc(fmt::format("c{}-{}", i, name)), esc(name));
     }
     if (history) out += "<a href=\"#history\">history</a>";
     out += "</nav>\n";

@@ -428,7 +428,8 @@ TEST_F(CacheCli, BadInputIsRefusedWithTwoAndAMessage) {
   std::ofstream(run_ / "plan.json", std::ios::binary) << R"({"format": "optiflow-plan", "version": 7})";
   const CliResult badVersion = cache(fmt::format("publish {}", run_.string()));
   EXPECT_EQ(badVersion.rc, 2) << badVersion.all();
-  EXPECT_TRUE(contains(badVersion.err, "plan.json: version: expected 1")) << badVersion.err;
+  EXPECT_TRUE(contains(badVersion.err, "plan.json:1:") && contains(badVersion.err, ": version: expected 1"))
+      << badVersion.err;
 
   EXPECT_EQ(cache("publish").rc, 2) << "PLAN_DIR is required";
   EXPECT_EQ(run("cache").rc, 2);

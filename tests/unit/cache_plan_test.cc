@@ -285,8 +285,8 @@ TEST_F(CachePlan, AMalformedPlanIsAnErrorNamingTheFileAndTheField) {
       {[](json& p) { p["format"] = 1; }, "format: expected a string"},
       {[](json& p) { p["version"] = 2; }, "version: expected 1"},
       {[](json& p) { p["version"] = "1"; }, "version: expected 1"},
-      {[](json& p) { p.erase("version"); }, "version: expected 1"},
-      {[](json& p) { p.erase("collectives"); }, "collectives: expected an array"},
+      {[](json& p) { p.erase("version"); }, "version: expected 1 (the plan version this build reads), missing"},
+      {[](json& p) { p.erase("collectives"); }, "collectives: missing"},
       {[](json& p) { p["collectives"] = json::object(); }, "collectives: expected an array"},
       {[](json& p) { p["collectives"][1] = 5; }, "collectives[1]: expected an object"},
       {[](json& p) { p["collectives"][0].erase("collective"); }, "collectives[0].collective: missing"},
@@ -298,7 +298,7 @@ TEST_F(CachePlan, AMalformedPlanIsAnErrorNamingTheFileAndTheField) {
       {[](json& p) { p["collectives"][0]["ranks"] = 1ull << 33; }, "collectives[0].ranks: expected an integer"},
       {[](json& p) { p["collectives"][0]["nodes"] = -1; }, "collectives[0].nodes: expected an integer"},
       {[](json& p) { p["collectives"][0]["nodes"] = 9; }, "collectives[0].nodes: expected 1 to 8"},
-      {[](json& p) { p["collectives"][0].erase("entries"); }, "collectives[0].entries: expected an array"},
+      {[](json& p) { p["collectives"][0].erase("entries"); }, "collectives[0].entries: missing"},
       {[&](json& p) { entry(p, 1) = "4KiB"; }, "collectives[0].entries[1]: expected an object"},
       {[&](json& p) { entry(p, 0).erase("min_bytes"); }, "collectives[0].entries[0].min_bytes: missing"},
       {[&](json& p) { entry(p, 1)["min_bytes"] = -1; }, "collectives[0].entries[1].min_bytes: expected an integer"},
@@ -357,9 +357,9 @@ TEST_F(CachePlan, TextThatIsNotAPlanIsAnErrorWithItsPosition) {
   const std::vector<Case> cases = {
       {"{\"format\": \"optiflow-plan\",\n \"version\": 1,\n \"collectives\": [}\n", "expected JSON", 3},
       {"", "expected JSON", 1},
-      {"[1, 2]", "expected a JSON object", 0},
-      {"\"optiflow-plan\"", "expected a JSON object", 0},
-      {"null", "expected a JSON object", 0},
+      {"[1, 2]", "expected a JSON object", 1},
+      {"\"optiflow-plan\"", "expected a JSON object", 1},
+      {"null", "expected a JSON object", 1},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.text);

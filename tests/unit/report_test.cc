@@ -276,7 +276,7 @@ TEST(ReportErrors, MissingPlan) {
   auto r = renderReport(dir.path());
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(endsWith(r.error().file, "plan.json")) << r.error().str();
-  EXPECT_NE(r.error().message.find("missing"), std::string::npos);
+  EXPECT_NE(r.error().message.find("no such file"), std::string::npos) << r.error().str();
 }
 
 TEST(ReportErrors, BadJsonGivesTheLine) {
@@ -287,7 +287,7 @@ TEST(ReportErrors, BadJsonGivesTheLine) {
   EXPECT_TRUE(endsWith(r.error().file, "plan.json"));
   EXPECT_EQ(r.error().line, 3) << r.error().str();
   EXPECT_EQ(r.error().column, 14) << r.error().str();
-  EXPECT_NE(r.error().message.find("invalid JSON"), std::string::npos);
+  EXPECT_NE(r.error().message.find("expected JSON"), std::string::npos) << r.error().str();
 }
 
 TEST(ReportErrors, MissingFieldNamesItsPath) {
@@ -306,7 +306,7 @@ TEST(ReportErrors, WrongTypeNamesItsPathAndLine) {
   dir.write("plan.json", plan);
   auto r = renderReport(dir.path());
   ASSERT_FALSE(r.ok());
-  EXPECT_TRUE(r.error().message.starts_with("collectives[0].entries[2].best.time_us: expected a number"))
+  EXPECT_TRUE(r.error().message.starts_with("collectives[0].entries[2].best.time_us: expected a non-negative number"))
       << r.error().str();
   EXPECT_EQ(r.error().line, lineOf(plan, "\"fast\"")) << r.error().str();
   EXPECT_GT(r.error().column, 1);
@@ -318,7 +318,7 @@ TEST(ReportErrors, ZeroRanksIsAnError) {
                                   R"("ranks": 0, "nodes": 1, "gpus_per_node")"));
   auto r = renderReport(dir.path());
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.error().message, "ranks: expected a positive integer") << r.error().str();
+  EXPECT_EQ(r.error().message, "ranks: expected at least 1, got 0") << r.error().str();
   EXPECT_EQ(r.error().line, 2);
 }
 
@@ -339,7 +339,7 @@ TEST(ReportErrors, UnknownCollective) {
   dir.write("plan.json", replaced(kPlan, R"("collective": "allreduce")", R"("collective": "allgossip")"));
   auto r = renderReport(dir.path());
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.error().message.find("collectives[0].collective: unknown collective"), std::string::npos)
+  EXPECT_NE(r.error().message.find("collectives[0].collective: expected allgather, reducescatter"), std::string::npos)
       << r.error().str();
 }
 

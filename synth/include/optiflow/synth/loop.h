@@ -38,7 +38,8 @@ struct NativeChoice {
   std::string algorithm;  // "Ring", "Tree", ...
   std::string protocol;   // "LL", "LL128", "Simple"
   int channels = 0;
-  double timeUs = 0;  // simulated; 0 when the algorithm has no schedule here
+  double timeUs = 0;             // simulated; 0 when the algorithm has no schedule here
+  std::uint64_t chunkBytes = 0;  // NCCL 2.30's chunk size; 0: NCCL decides
 };
 
 struct SizeBest {
@@ -58,7 +59,8 @@ struct SynthResult {
   std::vector<CandidateRecord> history;  // this run's candidates (resumed ones first, as read)
   int roundsRun = 0;
   double elapsedS = 0;
-  std::string stopReason;  // "round budget", "time budget", "converged", "the proposer has nothing new"
+  std::string stopReason;  // "round budget", "time budget", "converged", "the proposer has nothing new", "stopped"
+  bool stopped = false;    // the caller's keepGoing said stop: the result is incomplete
 };
 
 struct ProgressEvent {
@@ -70,7 +72,10 @@ struct ProgressEvent {
   const SynthResult* result = nullptr;      // the state so far
 };
 
+// `keepGoing` is asked after the baselines and after each candidate (it may block, as optiflowd's CPU gate does);
+// false ends the run there with stopped set.
 SynthResult runSynthesis(const core::Topology& topology, const SynthConfig& config, Proposer& proposer,
-                         Evaluator& evaluator, const std::function<void(const ProgressEvent&)>& progress = {});
+                         Evaluator& evaluator, const std::function<void(const ProgressEvent&)>& progress = {},
+                         const std::function<bool()>& keepGoing = {});
 
 }  // namespace optiflow::synth

@@ -1,7 +1,9 @@
-// The run directory (synth/plan.h): candidate records to and from JSON, history.jsonl (read back with file:line
-// errors, appended line by line), and plan.json with its programs and schedules.
+// The run directory (synth/run_dir.h): candidate records to and from JSON, history.jsonl (read back with file:line
+// errors, appended line by line, one rule for a torn last line), plan.json with its programs and schedules, read
+// back by the one reader, and the merge of several runs' plans.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -24,7 +26,7 @@
 #include "optiflow/synth/evaluator.h"
 #include "optiflow/synth/gallery.h"
 #include "optiflow/synth/loop.h"
-#include "optiflow/synth/plan.h"
+#include "optiflow/synth/run_dir.h"
 
 namespace optiflow::synth {
 namespace {
@@ -33,6 +35,12 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 constexpr std::uint64_t kMaxBytes = std::numeric_limits<std::uint64_t>::max();
+
+json recordToJson(const CandidateRecord& r) { return json::parse(formatRecord(r)); }
+core::Result<CandidateRecord> recordFromJson(const json& j) { return parseRecord(j.dump()); }
+json planToJson(const core::Topology& t, const SynthConfig& c, const SynthResult& r, const RunInfo& i) {
+  return json::parse(formatPlan(makePlan(t, c, r, i)));
+}
 
 class TempDir {
  public:
@@ -121,7 +129,7 @@ void expectSameRecord(const CandidateRecord& x, const CandidateRecord& y) {
   }
 }
 
-TEST(Plan, RecordsRoundTripThroughJson) {
+TEST(RunDir, RecordsRoundTripThroughJson) {
   const CandidateRecord r = sampleRecord();
   const json j = recordToJson(r);
   for (const char* key : {"id", "round", "origin", "name", "text", "stage", "errors", "sizes"}) {
@@ -153,7 +161,7 @@ TEST(Plan, RecordsRoundTripThroughJson) {
   expectSameRecord(*rj, rejected);
 }
 
-TEST(Plan, RecordFromJsonNamesTheBadField) {
+TEST(RunDir, RecordFromJsonNamesTheBadField) {
   struct Case {
     std::function<void(json&)> edit;
     std::string message;
@@ -164,9 +172,9 @@ TEST(Plan, RecordFromJsonNamesTheBadField) {
       {[](json& j) { j["text"] = 5; }, "text: expected a string"},
       {[](json& j) { j.erase("errors"); }, "errors: missing"},
       {[](json& j) { j["sizes"] = "none"; }, "sizes: expected an array"},
-      {[](json& j) { j.erase("sizes"); }, "sizes: expected an array"},
+      {[](json& j) { j.erase("sizes"); }, "sizes: missing"},
       {[](json& j) { j["sizes"][0] = 3; }, "sizes[0]: expected an object"},
-      {[](json& j) { j["sizes"][0]["time_us"] = "fast"; }, "sizes[0].time_us: expected a number"},
+      {[](json& j) { j["sizes"][0]["time_us"] = "fast"; }, "sizes[0].time_us: expected a non-negative number"},
       {[](json& j) { j["sizes"][1]["ok"] = 1; }, "sizes[1].ok: expected true or false"},
       {[](json& j) { j["sizes"][1]["config"] = nullptr; }, "sizes[1].config: expected a string"},
       {[](json& j) { j["sizes"][1].erase("bottleneck"); }, "sizes[1].bottleneck: missing"},
@@ -176,7 +184,7 @@ TEST(Plan, RecordFromJsonNamesTheBadField) {
     c.edit(j);
     auto r = recordFromJson(j);
     ASSERT_FALSE(r.ok()) << c.message;
-    EXPECT_EQ(r.error().message, c.message);
+    EXPECT_EQ(r.error().message.rfind(c.message, 0), 0u) << r.error().message;
   }
   for (const json& notAnObject : {json::array({1, 2}), json("r0c0"), json(nullptr)}) {
     auto r = recordFromJson(notAnObject);
@@ -185,7 +193,7 @@ TEST(Plan, RecordFromJsonNamesTheBadField) {
   }
 }
 
-TEST(Plan, RecordFromJsonRejectsNumbersOfTheWrongKind) {
+TEST(RunDir, RecordFromJsonRejectsNumbersOfTheWrongKind) {
   // A negative or fractional byte count, a fractional round and true for a time are of the wrong type; a lenient
   // reader would turn -1 into 2^64-1 bytes and true into 1 us.
   struct Case {
@@ -209,7 +217,7 @@ TEST(Plan, RecordFromJsonRejectsNumbersOfTheWrongKind) {
   }
 }
 
-TEST(Plan, ReadHistoryNamesFileAndLineOfABadLine) {
+TEST(RunDir, ReadHistoryNamesFileAndLineOfABadLine) {
   TempDir dir;
   const std::string good = recordToJson(sampleRecord()).dump();
   {
@@ -238,7 +246,8 @@ TEST(Plan, ReadHistoryNamesFileAndLineOfABadLine) {
     auto h = readHistory(f);
     ASSERT_FALSE(h.ok());
     EXPECT_NE(h.error().str().find("wrong.jsonl:1"), std::string::npos) << h.error().str();
-    EXPECT_NE(h.error().message.find("sizes[0].time_us: expected a number"), std::string::npos) << h.error().message;
+    EXPECT_NE(h.error().message.find("sizes[0].time_us: expected a non-negative number"), std::string::npos)
+        << h.error().message;
   }
   {
     const fs::path f = dir.write("array.jsonl", good + "\n[1, 2]\n");
@@ -248,23 +257,23 @@ TEST(Plan, ReadHistoryNamesFileAndLineOfABadLine) {
   }
 }
 
-TEST(Plan, ReadHistoryOfAMissingFileIsEmptyAndBlankLinesAreSkipped) {
+TEST(RunDir, ReadHistoryOfAMissingFileIsEmptyAndBlankLinesAreSkipped) {
   TempDir dir;
   auto none = readHistory(dir.path() / "no-such-history.jsonl");
   ASSERT_TRUE(none.ok()) << none.error().str();
-  EXPECT_TRUE(none->empty());
+  EXPECT_TRUE(none->records.empty());
   CandidateRecord second = sampleRecord();
   second.id = "r3c8";
   const fs::path f = dir.write(
       "h.jsonl", "\n" + recordToJson(sampleRecord()).dump() + "\n  \r\n" + recordToJson(second).dump() + "\n\n");
   auto h = readHistory(f);
   ASSERT_TRUE(h.ok()) << h.error().str();
-  ASSERT_EQ(h->size(), 2u);
-  expectSameRecord((*h)[0], sampleRecord());
-  expectSameRecord((*h)[1], second);
+  ASSERT_EQ(h->records.size(), 2u);
+  expectSameRecord(h->records[0], sampleRecord());
+  expectSameRecord(h->records[1], second);
 }
 
-TEST(Plan, HistoryWriterAppendsOneLinePerRecord) {
+TEST(RunDir, HistoryWriterAppendsOneLinePerRecord) {
   TempDir dir;
   const fs::path f = dir.path() / "run" / "nested" / "history.jsonl";  // the directories do not exist yet
   CandidateRecord a = sampleRecord();
@@ -293,10 +302,10 @@ TEST(Plan, HistoryWriterAppendsOneLinePerRecord) {
   for (const std::string& line : text) EXPECT_TRUE(json::parse(line).is_object());
   auto h = readHistory(f);
   ASSERT_TRUE(h.ok()) << h.error().str();
-  ASSERT_EQ(h->size(), 3u);
-  expectSameRecord((*h)[0], a);
-  expectSameRecord((*h)[1], b);
-  EXPECT_EQ((*h)[2].id, "r4c0");
+  ASSERT_EQ(h->records.size(), 3u);
+  expectSameRecord(h->records[0], a);
+  expectSameRecord(h->records[1], b);
+  EXPECT_EQ(h->records[2].id, "r4c0");
 
   // A directory where the file should be: an error naming it, not an exception.
   fs::create_directories(dir.path() / "adir");
@@ -344,7 +353,7 @@ const SmallRun& smallRun() {
   return run;
 }
 
-TEST(Plan, RunDirectoryHoldsThePlanProgramsAndSchedules) {
+TEST(RunDir, RunDirectoryHoldsThePlanProgramsAndSchedules) {
   const SmallRun& run = smallRun();
   ASSERT_EQ(run.result.history.size(), 2u);
   for (const SizeBest& sb : run.result.sizes) ASSERT_GE(sb.best, 0);
@@ -353,7 +362,9 @@ TEST(Plan, RunDirectoryHoldsThePlanProgramsAndSchedules) {
   const RunInfo info{"builtin", "simulator", 42};
   auto wrote = writeRunDirectory(out, run.topology, run.config, run.result, info);
   ASSERT_TRUE(wrote.ok()) << wrote.error().str();
-  EXPECT_FALSE(fs::exists(out / "plan.json.tmp"));
+  for (const fs::directory_entry& e : fs::directory_iterator(out)) {
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << "left over: " << e.path();
+  }
   const json plan = json::parse(slurp(out / "plan.json"));
 
   EXPECT_EQ(plan.at("format"), "optiflow-plan");
@@ -451,7 +462,7 @@ TEST(Plan, RunDirectoryHoldsThePlanProgramsAndSchedules) {
   }
 }
 
-TEST(Plan, SizesWithoutABestHaveANullBestAndNoFiles) {
+TEST(RunDir, SizesWithoutABestHaveANullBestAndNoFiles) {
   const SmallRun& run = smallRun();
   SynthResult partial = run.result;
   partial.sizes[1].best = -1;
@@ -475,7 +486,7 @@ TEST(Plan, SizesWithoutABestHaveANullBestAndNoFiles) {
   EXPECT_EQ(entries[1].at("max_bytes").get<std::uint64_t>(), kMaxBytes);
 }
 
-TEST(Plan, RangesTileAllSizesForAnyNumberOfSizes) {
+TEST(RunDir, RangesTileAllSizesForAnyNumberOfSizes) {
   auto topo = core::presetTopology("dgx-a100");
   ASSERT_TRUE(topo.ok());
   for (const std::vector<std::uint64_t>& sizes :
@@ -505,7 +516,7 @@ TEST(Plan, RangesTileAllSizesForAnyNumberOfSizes) {
   }
 }
 
-TEST(Plan, WriteRunDirectoryOverAFileIsAnError) {
+TEST(RunDir, WriteRunDirectoryOverAFileIsAnError) {
   const SmallRun& run = smallRun();
   TempDir dir;
   const fs::path file = dir.write("not-a-dir", "x");
@@ -514,7 +525,7 @@ TEST(Plan, WriteRunDirectoryOverAFileIsAnError) {
   EXPECT_NE(wrote.error().str().find("not-a-dir"), std::string::npos) << wrote.error().str();
 }
 
-TEST(Plan, RewritingARunDirectoryReplacesThePlan) {
+TEST(RunDir, RewritingARunDirectoryReplacesThePlan) {
   const SmallRun& run = smallRun();
   TempDir dir;
   ASSERT_TRUE(writeRunDirectory(dir.path(), run.topology, run.config, run.result, {"builtin", "simulator", 1}).ok());
@@ -527,6 +538,100 @@ TEST(Plan, RewritingARunDirectoryReplacesThePlan) {
   EXPECT_EQ(plan.at("stop_reason"), "converged");
   EXPECT_EQ(plan.at("proposer"), "llm");
   EXPECT_EQ(plan.at("seed"), 9);
+}
+
+TEST(RunDir, ATornLastLineIsLeftOutAndCutOffBeforeTheNextAppend) {
+  TempDir dir;
+  const std::string good = formatRecord(sampleRecord());
+  const fs::path f = dir.write("history.jsonl", good + "\n" + good.substr(0, good.size() / 2));
+  auto h = readHistory(f);
+  ASSERT_TRUE(h.ok()) << h.error().str();
+  EXPECT_EQ(h->records.size(), 1u);
+  EXPECT_TRUE(h->tornTail);
+  // The same text with its newline is a bad line in the middle of the history: an error naming it.
+  dir.write("history.jsonl", good + "\n" + good.substr(0, good.size() / 2) + "\n" + good + "\n");
+  auto bad = readHistory(f);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().line, 2);
+  // Appending after a torn line: the torn part is cut off, the next record has a line of its own.
+  dir.write("history.jsonl", good + "\n" + good.substr(0, 10));
+  {
+    auto w = HistoryWriter::open(f);
+    ASSERT_TRUE(w.ok()) << w.error().str();
+    EXPECT_TRUE(w->append(sampleRecord()));
+  }
+  auto after = readHistory(f);
+  ASSERT_TRUE(after.ok()) << after.error().str();
+  EXPECT_EQ(after->records.size(), 2u);
+  EXPECT_FALSE(after->tornTail);
+  // A last line that is whole but for its newline is kept.
+  dir.write("history.jsonl", good);
+  {
+    auto w = HistoryWriter::open(f);
+    ASSERT_TRUE(w.ok()) << w.error().str();
+    EXPECT_TRUE(w->append(sampleRecord()));
+  }
+  auto kept = readHistory(f);
+  ASSERT_TRUE(kept.ok()) << kept.error().str();
+  EXPECT_EQ(kept->records.size(), 2u);
+}
+
+TEST(RunDir, ThePlanReadsBackAsItWasWritten) {
+  const SmallRun& run = smallRun();
+  TempDir dir;
+  ASSERT_TRUE(writeRunDirectory(dir.path(), run.topology, run.config, run.result, {"builtin", "simulator", 3}).ok());
+  auto back = readPlan(dir.path() / "plan.json");
+  ASSERT_TRUE(back.ok()) << back.error().str();
+  const PlanFile want = makePlan(run.topology, run.config, run.result, {"builtin", "simulator", 3});
+  EXPECT_EQ(formatPlan(*back), formatPlan(want));
+  EXPECT_EQ(back->topology, "dgx-a100");
+  EXPECT_EQ(back->seed, std::optional<std::uint64_t>(3));
+  ASSERT_EQ(back->collectives.size(), 1u);
+  ASSERT_EQ(back->collectives[0].entries.size(), 2u);
+  const PlanEntry& e = back->collectives[0].entries[1];
+  EXPECT_EQ(e.maxBytes, kMaxBytes);
+  ASSERT_TRUE(e.best.has_value());
+  EXPECT_EQ(e.best->scheduleJson, "schedules/allgather-1MiB.json");
+  ASSERT_TRUE(e.native.has_value());
+  EXPECT_DOUBLE_EQ(e.native->timeUs, run.result.sizes[1].bestNative.timeUs);
+}
+
+TEST(RunDir, ABadPlanNamesTheFileLineAndField) {
+  const SmallRun& run = smallRun();
+  const std::string text = formatPlan(makePlan(run.topology, run.config, run.result, {"builtin", "simulator", 1}));
+  std::string bad = text;
+  const std::size_t at = bad.find("\"bound_us\"");
+  ASSERT_NE(at, std::string::npos);
+  bad.replace(at, std::string_view("\"bound_us\": ").size(), "\"bound_us\": \"x\", \"was_bound_us\": ");
+  auto r = parsePlan(bad, "p.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().file, "p.json");
+  EXPECT_EQ(r.error().message.rfind("collectives[0].entries[0].bound_us: expected a non-negative number", 0), 0u)
+      << r.error().message;
+  EXPECT_EQ(r.error().line,
+            static_cast<int>(std::count(bad.begin(), bad.begin() + static_cast<std::ptrdiff_t>(at), '\n')) + 1);
+  auto missing = readPlan(fs::path("/nonexistent-optiflow-dir/plan.json"));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.error().message.find("no such file"), std::string::npos) << missing.error().message;
+}
+
+TEST(RunDir, MergedPlansKeepEveryCollectiveAndListTheirRuns) {
+  const SmallRun& run = smallRun();
+  PlanFile a = makePlan(run.topology, run.config, run.result, {"builtin", "simulator", 1});
+  PlanFile b = a;
+  b.collectives[0].collective = core::Collective::AllReduce;
+  const PlanFile merged = mergePlans({a, b}, {"/runs/a", "/runs/b"});
+  ASSERT_EQ(merged.collectives.size(), 2u);
+  EXPECT_EQ(merged.collectives[0].collective, core::Collective::AllGather);
+  EXPECT_EQ(merged.collectives[1].collective, core::Collective::AllReduce);
+  EXPECT_EQ(merged.runs, (std::vector<std::string>{"/runs/a", "/runs/b"}));
+  EXPECT_EQ(merged.topology, a.topology);
+  EXPECT_FALSE(merged.rounds.has_value()) << "a merged plan has no single run's settings";
+  // And it reads back through the one reader.
+  auto back = parsePlan(formatPlan(merged), "merged.json");
+  ASSERT_TRUE(back.ok()) << back.error().str();
+  EXPECT_EQ(back->runs, merged.runs);
+  EXPECT_EQ(formatPlan(*back), formatPlan(merged));
 }
 
 }  // namespace
