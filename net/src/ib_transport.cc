@@ -7,12 +7,8 @@
 // Every verbs call goes through a VerbsApi table (ib_verbs.h) so that the tests can run all of this on fake devices.
 #include <arpa/inet.h>
 #include <endian.h>
-#include <fcntl.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -30,6 +26,7 @@
 #include "ib_verbs.h"
 #include "interfaces.h"
 #include "optiflow/net/bytes.h"
+#include "optiflow/net/socket.h"
 #include "optiflow/net/telemetry.h"
 #include "optiflow/net/wire.h"
 
@@ -111,69 +108,12 @@ std::int64_t nowMs() {
       .count();
 }
 
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  Fd& operator=(Fd&& other) noexcept {
-    if (this != &other) {
-      reset();
-      fd_ = std::exchange(other.fd_, -1);
-    }
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-  int get() const { return fd_; }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
-
-enum class Io { kDone, kPending, kClosed, kError };
-
-Io sendSome(int fd, const std::uint8_t* data, std::size_t length, std::size_t* offset) {
-  while (*offset < length) {
-    const ssize_t n = ::send(fd, data + *offset, length - *offset, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) {
-      *offset += static_cast<std::size_t>(n);
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      return Io::kPending;
-    } else {
-      return n < 0 && errno != EPIPE && errno != ECONNRESET ? Io::kError : Io::kClosed;
-    }
-  }
-  return Io::kDone;
-}
-
-Io recvSome(int fd, std::uint8_t* data, std::size_t length, std::size_t* offset) {
-  while (*offset < length) {
-    const ssize_t n = ::recv(fd, data + *offset, length - *offset, MSG_DONTWAIT);
-    if (n > 0) {
-      *offset += static_cast<std::size_t>(n);
-    } else if (n == 0) {
-      return Io::kClosed;
-    } else if (errno == EINTR) {
-      continue;
-    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      return Io::kPending;
-    } else {
-      return errno == ECONNRESET ? Io::kClosed : Io::kError;
-    }
-  }
-  return Io::kDone;
-}
-
+// Why a bootstrap step (sendSome / recvSome of socket.h) failed, right after it did (errno is still its own): a reset
+// or broken pipe is the peer going away as much as an orderly close.
 std::string ioText(Io io) {
-  return io == Io::kClosed ? "the peer closed the connection" : std::string("socket error: ") + std::strerror(errno);
+  return io == Io::kClosed || errno == ECONNRESET || errno == EPIPE
+             ? "the peer closed the connection"
+             : std::string("socket error: ") + std::strerror(errno);
 }
 
 // ---- devices, registrations
@@ -1095,18 +1035,15 @@ class IbListenComm final : public ListenComm {
     recv->reset();
     for (;;) {
       sockaddr_storage addr{};
-      socklen_t length = sizeof(addr);
-      const int fd =
-          ::accept4(socket_.get(), reinterpret_cast<sockaddr*>(&addr), &length, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) {
-        if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      Fd fd;
+      const Io io = acceptStream(socket_.get(), &fd, &addr);
+      if (io == Io::kPending) break;
+      if (io != Io::kDone) {
         device_->warn(strf("accept on %s: %s", device_->port.props.name.c_str(), std::strerror(errno)));
         return Result::kSystemError;
       }
-      const int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      auto pending = std::unique_ptr<Pending>(new (std::nothrow) Pending(device_, Fd(fd), peerText(addr), listenId_));
+      auto pending =
+          std::unique_ptr<Pending>(new (std::nothrow) Pending(device_, std::move(fd), peerText(addr), listenId_));
       if (pending == nullptr) return Result::kSystemError;
       pending_.push_back(std::move(pending));
     }
@@ -1154,28 +1091,26 @@ class IbConnector final : public Connector {
     if (failed_ != Result::kOk) return failed_;
     if (state_ == State::kStart) {
       deadlineMs_ = nowMs() + kConnectTimeoutMs;
-      socket_ = Fd(::socket(addr_.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-      if (socket_.get() < 0) return error(Result::kSystemError, std::string("socket: ") + std::strerror(errno));
-      const int one = 1;
-      ::setsockopt(socket_.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      if (::connect(socket_.get(), reinterpret_cast<const sockaddr*>(&addr_), addrLen_) != 0 && errno != EINPROGRESS) {
+      // The stream options (socket.h) include keepalive and TCP_USER_TIMEOUT: a peer host that dies after the
+      // handshake is noticed by Link::idle through this socket.
+      socket_ = openStream(addr_.ss_family);
+      if (!socket_.valid()) return error(Result::kSystemError, std::string("socket: ") + std::strerror(errno));
+      if (beginConnect(socket_.get(), reinterpret_cast<const sockaddr*>(&addr_), addrLen_) == Io::kError) {
         return error(Result::kRemoteError, std::string("connect: ") + std::strerror(errno));
       }
       state_ = State::kConnecting;
     }
     if (state_ == State::kConnecting) {
       // Only the TCP connect has a deadline: afterwards the peer is there, and a dead one closes the socket.
-      pollfd p{socket_.get(), POLLOUT, 0};
-      if (::poll(&p, 1, 0) <= 0) {
+      int soError = 0;
+      const Io io = connectDone(socket_.get(), &soError);
+      if (io == Io::kPending) {
         if (nowMs() > deadlineMs_) {
           return error(Result::kRemoteError, strf("no TCP connection after %d s", kConnectTimeoutMs / 1000));
         }
         return Result::kOk;
       }
-      int soError = 0;
-      socklen_t length = sizeof(soError);
-      ::getsockopt(socket_.get(), SOL_SOCKET, SO_ERROR, &soError, &length);
-      if (soError != 0) return error(Result::kRemoteError, std::string("connect: ") + std::strerror(soError));
+      if (io == Io::kError) return error(Result::kRemoteError, std::string("connect: ") + std::strerror(soError));
       endpoint_ = std::make_unique<Endpoint>(device_, Role::kSender);
       std::string why;
       if (!endpoint_->create(&why)) return error(Result::kSystemError, "setting up the send queue pair: " + why);
@@ -1312,14 +1247,13 @@ class IbTransport final : public Transport {
       return Result::kInvalidArgument;
     }
     Device* device = devices_[static_cast<std::size_t>(dev)].get();
-    Fd socket(::socket(device->bootstrap.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-    sockaddr_storage addr = device->bootstrap;
-    socklen_t length = device->bootstrapLen;
-    if (socket.get() < 0 || ::bind(socket.get(), reinterpret_cast<sockaddr*>(&addr), length) != 0 ||
-        ::listen(socket.get(), 64) != 0 ||
-        ::getsockname(socket.get(), reinterpret_cast<sockaddr*>(&addr), &length) != 0) {
+    Fd socket;
+    sockaddr_storage addr{};
+    const SocketStatus s =
+        listenOn(reinterpret_cast<const sockaddr*>(&device->bootstrap), device->bootstrapLen, 64, &socket, &addr);
+    if (!s) {
       device->warn(strf("listen on %s: bootstrap socket on %s: %s", device->port.props.name.c_str(),
-                        peerText(device->bootstrap).c_str(), std::strerror(errno)));
+                        peerText(device->bootstrap).c_str(), s.message().c_str()));
       return Result::kSystemError;
     }
     IbHandle h;
