@@ -54,8 +54,7 @@ std::string endpointText(const sockaddr* addr) noexcept {
   return host;
 }
 
-// ---- Non-blocking steps
-// ----------------------------------------------------------------------------------------------
+// ---- Non-blocking steps ---------------------------------------------------------------------------------------------
 
 Io sendSome(int fd, const void* data, std::size_t length, std::size_t* offset) noexcept {
   const auto* bytes = static_cast<const std::uint8_t*>(data);
@@ -137,8 +136,7 @@ Io acceptStream(int listener, Fd* out, sockaddr_storage* peer) noexcept {
   }
 }
 
-// ---- Blocking steps with a deadline
-// ----------------------------------------------------------------------------------
+// ---- Blocking steps with a deadline ---------------------------------------------------------------------------------
 
 Deadline::Deadline(double seconds, const std::atomic<bool>* stop) noexcept
     : seconds_(seconds),

@@ -55,8 +55,7 @@ bool setStreamOptions(int fd) noexcept;
 // "host:port", "[v6]:port"; "?" for a family other than IPv4/IPv6.
 std::string endpointText(const sockaddr* addr) noexcept;
 
-// ---- Non-blocking steps (driven by repeated calls of a state machine)
-// ------------------------------------------------
+// ---- Non-blocking steps (driven by repeated calls of a state machine) -----------------------------------------------
 
 enum class Io {
   kDone,     // all of it
@@ -82,8 +81,7 @@ Io connectDone(int fd, int* error) noexcept;
 // kDone (*out, *peer set), kPending (none waits), kError (errno).
 Io acceptStream(int listener, Fd* out, sockaddr_storage* peer) noexcept;
 
-// ---- Blocking steps with a deadline
-// ----------------------------------------------------------------------------------
+// ---- Blocking steps with a deadline ---------------------------------------------------------------------------------
 
 class SocketStatus {
  public:
