@@ -1,6 +1,11 @@
 // Network probes: the responder every daemon runs, the prober (probePeer), and how the results refine the topology.
-// The control connection is a plain TCP socket carrying the frames of probe_wire.h; the measured bytes travel through
-// the net plugin's own TCP transport (optiflow::net), so a probe sees what NCCL's proxy would see. docs/probing.md.
+// The control connection is a plain TCP socket carrying the frames of probe_wire.h, opened and driven through the
+// net socket toolkit (optiflow/net/socket.h: the same stream options as the data streams, deadlines that honour the
+// stop flag); the measured bytes travel through the net plugin's own TCP transport (optiflow::net), so a probe sees
+// what NCCL's proxy would see. docs/probing.md.
+//
+// Errors: socket-level steps return the toolkit's net::SocketStatus, everything above them core::Result<T> with the
+// message in its Diagnostic; probePeer and ProbeResponder::start put who and where in front.
 #include "optiflow/daemon/probe.h"
 
 #include <arpa/inet.h>
@@ -8,11 +13,9 @@
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -26,6 +29,7 @@
 #include <thread>
 #include <utility>
 
+#include "optiflow/net/socket.h"
 #include "optiflow/net/transport.h"
 #include "probe_wire.h"
 
@@ -33,8 +37,10 @@ namespace optiflow::daemon {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using net::Deadline;
+using net::Fd;
+using net::SocketStatus;
 constexpr int kAcceptPollMs = 100;
-constexpr int kSliceMs = 50;  // the longest a wait goes without looking at the stop flag
 // A responder session ends by then whatever the prober does: a slow or silent client cannot hold a slot for long.
 constexpr double kSessionTimeoutS = 60;
 constexpr std::size_t kMaxSessions = 4;
@@ -42,76 +48,20 @@ constexpr int kListenBacklog = 16;
 
 std::string errnoText(int err) { return std::strerror(err); }
 
-class Deadline {
- public:
-  Deadline(double seconds, const std::atomic<bool>& stop)
-      : seconds_(seconds),
-        end_(Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds))),
-        stop_(&stop) {}
-
-  // "" while there is time left, else why not.
-  std::string check(const char* waitingFor) const {
-    if (stop_->load(std::memory_order_relaxed)) return fmt::format("stopped while waiting for {}", waitingFor);
-    if (Clock::now() >= end_) return fmt::format("timed out after {:.1f} s waiting for {}", seconds_, waitingFor);
-    return "";
-  }
-  int pollMs() const {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end_ - Clock::now()).count();
-    return static_cast<int>(std::clamp<long long>(left, 0, kSliceMs));
-  }
-
- private:
-  double seconds_;
-  Clock::time_point end_;
-  const std::atomic<bool>* stop_;
-};
-
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  Fd& operator=(Fd&& other) noexcept {
-    reset(std::exchange(other.fd_, -1));
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-  void reset(int fd = -1) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_ = -1;
-};
-
-void setNoDelay(int fd) {
-  int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
+core::Diagnostic failure(std::string message) { return core::Diagnostic{"", 0, 0, std::move(message)}; }
+core::Diagnostic failure(const SocketStatus& status) { return failure(status.message()); }
 
 std::string endpointText(const sockaddr_storage& addr) {
-  char host[INET6_ADDRSTRLEN] = "?";
-  std::uint16_t port = 0;
-  if (addr.ss_family == AF_INET) {
-    const auto& a = reinterpret_cast<const sockaddr_in&>(addr);
-    ::inet_ntop(AF_INET, &a.sin_addr, host, sizeof(host));
-    port = ntohs(a.sin_port);
-    return fmt::format("{}:{}", host, port);
-  }
-  if (addr.ss_family == AF_INET6) {
-    const auto& a = reinterpret_cast<const sockaddr_in6&>(addr);
-    ::inet_ntop(AF_INET6, &a.sin6_addr, host, sizeof(host));
-    port = ntohs(a.sin6_port);
-  }
-  return fmt::format("[{}]:{}", host, port);
+  return net::endpointText(reinterpret_cast<const sockaddr*>(&addr));
 }
 
+struct HostPort {
+  std::string host;  // empty: every address (listen only)
+  std::string port;
+};
+
 // "host:port" or "[v6]:port"; an empty host means every address (listen only).
-bool splitHostPort(const std::string& text, std::string* host, std::string* port, std::string* error) {
+core::Result<HostPort> splitHostPort(const std::string& text) {
   std::string h, p;
   if (!text.empty() && text[0] == '[') {
     const std::size_t close = text.find(']');
@@ -129,12 +79,9 @@ bool splitHostPort(const std::string& text, std::string* host, std::string* port
   const bool portOk =
       !p.empty() && p.size() <= 5 && p.find_first_not_of("0123456789") == std::string::npos && std::stoul(p) <= 65535;
   if (!portOk) {
-    *error = fmt::format("\"{}\" is not host:port (a port in 0..65535; \"[addr]:port\" for IPv6)", text);
-    return false;
+    return failure(fmt::format("\"{}\" is not host:port (a port in 0..65535; \"[addr]:port\" for IPv6)", text));
   }
-  *host = h;
-  *port = p;
-  return true;
+  return HostPort{h, p};
 }
 
 struct AddrInfoDeleter {
@@ -142,95 +89,33 @@ struct AddrInfoDeleter {
 };
 using AddrInfo = std::unique_ptr<addrinfo, AddrInfoDeleter>;
 
-AddrInfo resolve(const std::string& host, const std::string& port, bool passive, std::string* error) {
+core::Result<AddrInfo> resolve(const HostPort& where, bool passive) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
   addrinfo* out = nullptr;
-  const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &out);
-  if (rc != 0) {
-    *error = fmt::format("cannot resolve \"{}\": {}", host, ::gai_strerror(rc));
-    return nullptr;
-  }
+  const int rc = ::getaddrinfo(where.host.empty() ? nullptr : where.host.c_str(), where.port.c_str(), &hints, &out);
+  if (rc != 0) return failure(fmt::format("cannot resolve \"{}\": {}", where.host, ::gai_strerror(rc)));
   return AddrInfo(out);
 }
 
-std::string sendAll(int fd, const void* data, std::size_t n, const Deadline& deadline, const char* what) {
-  const auto* p = static_cast<const std::uint8_t*>(data);
-  std::size_t done = 0;
-  while (done < n) {
-    const ssize_t w = ::send(fd, p + done, n - done, MSG_NOSIGNAL);
-    if (w > 0) {
-      done += static_cast<std::size_t>(w);
-      continue;
-    }
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-      return fmt::format("sending {}: {}", what, errnoText(errno));
-    }
-    if (std::string e = deadline.check(what); !e.empty()) return e;
-    pollfd pfd{fd, POLLOUT, 0};
-    ::poll(&pfd, 1, deadline.pollMs());
+// The control connection: each address of peer in turn until one connects; the deadline running out ends the search.
+core::Result<Fd> connectTo(const std::string& peer, const Deadline& deadline) {
+  core::Result<HostPort> where = splitHostPort(peer);
+  if (!where) return where.error();
+  if (where->host.empty()) return failure(fmt::format("\"{}\" names no host", peer));
+  core::Result<AddrInfo> list = resolve(*where, false);
+  if (!list) return list.error();
+  std::string error;
+  for (const addrinfo* ai = list->get(); ai != nullptr; ai = ai->ai_next) {
+    Fd fd;
+    const SocketStatus s = net::connectWithin(ai->ai_addr, ai->ai_addrlen, deadline, "the control connection", &fd);
+    if (s.ok()) return fd;
+    if (s.expired()) return failure(s);
+    error = s.message();
   }
-  return "";
-}
-
-std::string recvAll(int fd, void* data, std::size_t n, const Deadline& deadline, const char* what) {
-  auto* p = static_cast<std::uint8_t*>(data);
-  std::size_t done = 0;
-  while (done < n) {
-    const ssize_t r = ::recv(fd, p + done, n - done, 0);
-    if (r > 0) {
-      done += static_cast<std::size_t>(r);
-      continue;
-    }
-    if (r == 0) return fmt::format("connection closed after {} of the {} bytes of {}", done, n, what);
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) return fmt::format("receiving {}: {}", what, errnoText(errno));
-    if (std::string e = deadline.check(what); !e.empty()) return e;
-    pollfd pfd{fd, POLLIN, 0};
-    ::poll(&pfd, 1, deadline.pollMs());
-  }
-  return "";
-}
-
-std::string connectTo(const std::string& peer, const Deadline& deadline, Fd* out) {
-  std::string host, port, error;
-  if (!splitHostPort(peer, &host, &port, &error)) return error;
-  if (host.empty()) return fmt::format("\"{}\" names no host", peer);
-  AddrInfo list = resolve(host, port, false, &error);
-  if (!list) return error;
-  for (const addrinfo* ai = list.get(); ai != nullptr; ai = ai->ai_next) {
-    Fd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol));
-    if (fd.get() < 0) {
-      error = fmt::format("socket: {}", errnoText(errno));
-      continue;
-    }
-    if (::connect(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
-      if (errno != EINPROGRESS) {
-        error = fmt::format("connect: {}", errnoText(errno));
-        continue;
-      }
-      int soError = 0;
-      while (true) {
-        if (std::string e = deadline.check("the control connection"); !e.empty()) return e;
-        pollfd pfd{fd.get(), POLLOUT, 0};
-        if (::poll(&pfd, 1, deadline.pollMs()) <= 0) continue;
-        socklen_t len = sizeof(soError);
-        ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &soError, &len);
-        break;
-      }
-      if (soError != 0) {
-        error = fmt::format("connect: {}", errnoText(soError));
-        continue;
-      }
-    }
-    setNoDelay(fd.get());
-    *out = std::move(fd);
-    return "";
-  }
-  return error.empty() ? "no address to connect to" : error;
+  return failure(error.empty() ? "no address to connect to" : error);
 }
 
 // The interface whose address the control socket uses locally, so the measured bytes take the same path; "" if none
@@ -278,7 +163,7 @@ net::LogFn netLog(std::string who) {
   };
 }
 
-std::shared_ptr<net::Transport> makeTransportOn(const std::string& ifname, const std::string& who, std::string* error) {
+core::Result<std::shared_ptr<net::Transport>> makeTransportOn(const std::string& ifname, const std::string& who) {
   net::TcpOptions options;
   if (!ifname.empty()) options.ifnames = {ifname};
   std::string first;
@@ -289,9 +174,8 @@ std::shared_ptr<net::Transport> makeTransportOn(const std::string& ifname, const
     t = net::makeTcpTransport(options, netLog(who), nullptr, &second);
     if (!t) first += "; default interfaces: " + second;
   }
-  if (!t) {
-    *error = fmt::format("no TCP transport on interface {}: {}", ifname.empty() ? "(unknown)" : ifname, first);
-  }
+  if (!t)
+    return failure(fmt::format("no TCP transport on interface {}: {}", ifname.empty() ? "(unknown)" : ifname, first));
   return t;
 }
 
@@ -315,26 +199,28 @@ std::string resultText(net::Result r) {
 
 void pause() { std::this_thread::sleep_for(std::chrono::microseconds(100)); }
 
-std::string connectSend(net::Transport& transport, const std::uint8_t* handle, const Deadline& deadline,
-                        std::unique_ptr<net::SendComm>* send) {
+core::Result<std::unique_ptr<net::SendComm>> connectSend(net::Transport& transport, const std::uint8_t* handle,
+                                                         const Deadline& deadline) {
   std::unique_ptr<net::Connector> connector;
   const net::Result r = transport.connect(0, handle, &connector);
-  if (r != net::Result::kOk || !connector) return "net connect: " + resultText(r);
+  if (r != net::Result::kOk || !connector) return failure("net connect: " + resultText(r));
+  std::unique_ptr<net::SendComm> send;
   while (true) {
-    const net::Result s = connector->step(send);
-    if (s != net::Result::kOk) return "net connect: " + resultText(s);
-    if (*send) return "";
-    if (std::string e = deadline.check("the net connection"); !e.empty()) return e;
+    const net::Result s = connector->step(&send);
+    if (s != net::Result::kOk) return failure("net connect: " + resultText(s));
+    if (send) return send;
+    if (SocketStatus e = deadline.check("the net connection"); !e) return failure(e);
     pause();
   }
 }
 
-std::string acceptRecv(net::ListenComm& listen, const Deadline& deadline, std::unique_ptr<net::RecvComm>* recv) {
+core::Result<std::unique_ptr<net::RecvComm>> acceptRecv(net::ListenComm& listen, const Deadline& deadline) {
+  std::unique_ptr<net::RecvComm> recv;
   while (true) {
-    const net::Result r = listen.accept(recv);
-    if (r != net::Result::kOk) return "net accept: " + resultText(r);
-    if (*recv) return "";
-    if (std::string e = deadline.check("the net connection to be accepted"); !e.empty()) return e;
+    const net::Result r = listen.accept(&recv);
+    if (r != net::Result::kOk) return failure("net accept: " + resultText(r));
+    if (recv) return recv;
+    if (SocketStatus e = deadline.check("the net connection to be accepted"); !e) return failure(e);
     pause();
   }
 }
@@ -343,13 +229,14 @@ std::string acceptRecv(net::ListenComm& listen, const Deadline& deadline, std::u
 template <typename Comm>
 class Registration {
  public:
-  Registration(Comm* comm, void* data, std::size_t bytes, std::string* error) : comm_(comm) {
-    const net::Result r = comm_->regMr(data, bytes, net::kPtrHost, &mh_);
-    if (r != net::Result::kOk) {
-      *error = "net regMr: " + resultText(r);
-      mh_ = nullptr;
-    }
+  static core::Result<Registration> make(Comm* comm, void* data, std::size_t bytes) {
+    net::MemHandle* mh = nullptr;
+    const net::Result r = comm->regMr(data, bytes, net::kPtrHost, &mh);
+    if (r != net::Result::kOk) return failure("net regMr: " + resultText(r));
+    return Registration(comm, mh);
   }
+  Registration(Registration&& other) noexcept : comm_(other.comm_), mh_(std::exchange(other.mh_, nullptr)) {}
+  Registration& operator=(Registration&&) = delete;
   Registration(const Registration&) = delete;
   Registration& operator=(const Registration&) = delete;
   ~Registration() {
@@ -358,44 +245,48 @@ class Registration {
   net::MemHandle* get() const { return mh_; }
 
  private:
+  Registration(Comm* comm, net::MemHandle* mh) : comm_(comm), mh_(mh) {}
   Comm* comm_;
   net::MemHandle* mh_ = nullptr;
 };
 
+// The size test() reports once the request is done.
 template <typename Comm>
-std::string waitDone(Comm& comm, net::Request* request, const Deadline& deadline, const char* what,
-                     int* sizes = nullptr) {
+core::Result<int> waitDone(Comm& comm, net::Request* request, const Deadline& deadline, const char* what) {
   while (true) {
     int done = 0;
-    const net::Result r = comm.test(request, &done, sizes);
-    if (r != net::Result::kOk) return fmt::format("{}: {}", what, resultText(r));
-    if (done != 0) return "";
-    if (std::string e = deadline.check(what); !e.empty()) return e;
+    int size = 0;
+    const net::Result r = comm.test(request, &done, &size);
+    if (r != net::Result::kOk) return failure(fmt::format("{}: {}", what, resultText(r)));
+    if (done != 0) return size;
+    if (SocketStatus e = deadline.check(what); !e) return failure(e);
     // Lets the other end run when both share a core (a loopback probe, a busy node): pure spinning measured RTTs of
     // a scheduler slice instead of the network's.
     std::this_thread::yield();
   }
 }
 
-std::string postSend(net::SendComm& send, const void* data, std::size_t bytes, net::MemHandle* mh,
-                     const Deadline& deadline, net::Request** request) {
+core::Result<net::Request*> postSend(net::SendComm& send, const void* data, std::size_t bytes, net::MemHandle* mh,
+                                     const Deadline& deadline) {
   while (true) {
-    const net::Result r = send.isend(data, bytes, 0, mh, request);
-    if (r != net::Result::kOk) return "net isend: " + resultText(r);
-    if (*request != nullptr) return "";
-    if (std::string e = deadline.check("a free send slot"); !e.empty()) return e;
+    net::Request* request = nullptr;
+    const net::Result r = send.isend(data, bytes, 0, mh, &request);
+    if (r != net::Result::kOk) return failure("net isend: " + resultText(r));
+    if (request != nullptr) return request;
+    if (SocketStatus e = deadline.check("a free send slot"); !e) return failure(e);
     pause();
   }
 }
 
-std::string postRecv(net::RecvComm& recv, void* data, std::size_t bytes, net::MemHandle* mh, const Deadline& deadline,
-                     net::Request** request) {
+core::Result<net::Request*> postRecv(net::RecvComm& recv, void* data, std::size_t bytes, net::MemHandle* mh,
+                                     const Deadline& deadline) {
   const int tag = 0;
   while (true) {
-    const net::Result r = recv.irecv(1, &data, &bytes, &tag, &mh, request);
-    if (r != net::Result::kOk) return "net irecv: " + resultText(r);
-    if (*request != nullptr) return "";
-    if (std::string e = deadline.check("a free receive slot"); !e.empty()) return e;
+    net::Request* request = nullptr;
+    const net::Result r = recv.irecv(1, &data, &bytes, &tag, &mh, &request);
+    if (r != net::Result::kOk) return failure("net irecv: " + resultText(r));
+    if (request != nullptr) return request;
+    if (SocketStatus e = deadline.check("a free receive slot"); !e) return failure(e);
     pause();
   }
 }
@@ -450,10 +341,10 @@ class ResponderImpl final : public ProbeResponder {
       pollfd pfd{listener_.get(), POLLIN, 0};
       if (::poll(&pfd, 1, kAcceptPollMs) <= 0) continue;
       sockaddr_storage from{};
-      socklen_t len = sizeof(from);
-      Fd fd(::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&from), &len, SOCK_NONBLOCK | SOCK_CLOEXEC));
-      if (fd.get() < 0) {
-        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
+      Fd fd;
+      const net::Io io = net::acceptStream(listener_.get(), &fd, &from);  // with the stream options
+      if (io != net::Io::kDone) {
+        if (io == net::Io::kError) {
           spdlog::warn("probe responder {}: accept: {}", listen_, errnoText(errno));
           std::this_thread::sleep_for(std::chrono::milliseconds(kAcceptPollMs));  // EMFILE: let sessions end
         }
@@ -465,7 +356,6 @@ class ResponderImpl final : public ProbeResponder {
         refused_.fetch_add(1);
         continue;
       }
-      setNoDelay(fd.get());
       auto done = std::make_shared<std::atomic<bool>>(false);
       try {
         auto shared = std::make_shared<Fd>(std::move(fd));
@@ -485,12 +375,14 @@ class ResponderImpl final : public ProbeResponder {
 
   void serve(int fd, const std::string& peer) noexcept {
     try {
-      const std::string error = session(fd, peer);
-      if (error.empty()) {
+      const core::Result<probewire::Request> served = session(fd);
+      if (served) {
         served_.fetch_add(1);
+        spdlog::debug("probe responder {}: served {} ({} x {} bytes, {} pings)", listen_, peer, served->count,
+                      served->bytes, served->pings);
         return;
       }
-      spdlog::warn("probe responder {}: probe from {} failed: {}", listen_, peer, error);
+      spdlog::warn("probe responder {}: probe from {} failed: {}", listen_, peer, served.error().message);
     } catch (const std::exception& e) {
       spdlog::warn("probe responder {}: probe from {} failed: {}", listen_, peer, e.what());
     } catch (...) {
@@ -500,20 +392,21 @@ class ResponderImpl final : public ProbeResponder {
   }
 
   // One transport per local interface, made once: listing interfaces and their speeds is not free.
-  std::shared_ptr<net::Transport> transportFor(int fd, std::string* error) {
+  core::Result<std::shared_ptr<net::Transport>> transportFor(int fd) {
     const std::string ifname = interfaceOwning(fd);
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = transports_.find(ifname);
     if (it != transports_.end()) return it->second;
-    std::shared_ptr<net::Transport> t = makeTransportOn(ifname, "probe responder " + listen_, error);
-    if (t) transports_.emplace(ifname, t);
+    core::Result<std::shared_ptr<net::Transport>> t = makeTransportOn(ifname, "probe responder " + listen_);
+    if (t) transports_.emplace(ifname, *t);
     return t;
   }
 
-  std::string session(int fd, const std::string& peer) {
-    const Deadline deadline(kSessionTimeoutS, stop_);
+  // The request it served.
+  core::Result<probewire::Request> session(int fd) {
+    const Deadline deadline(kSessionTimeoutS, &stop_);
     std::array<std::uint8_t, probewire::kRequestBytes> raw{};
-    if (std::string e = recvAll(fd, raw.data(), raw.size(), deadline, "the request"); !e.empty()) return e;
+    if (SocketStatus e = net::recvAll(fd, raw.data(), raw.size(), deadline, "the request"); !e) return failure(e);
     probewire::Request request;
     std::string error;
     if (!probewire::decodeRequest(raw.data(), &request, &error)) {
@@ -524,72 +417,77 @@ class ResponderImpl final : public ProbeResponder {
         refusal.reason = error;
         std::array<std::uint8_t, probewire::kHandleFrameBytes> out{};
         probewire::encodeHandleFrame(refusal, out.data());
-        sendAll(fd, out.data(), out.size(), deadline, "the refusal");
+        (void)net::sendAll(fd, out.data(), out.size(), deadline, "the refusal");  // best effort: we fail anyway
       }
-      return error;
+      return failure(error);
     }
-    std::shared_ptr<net::Transport> transport = transportFor(fd, &error);
-    if (!transport) return error;
+    core::Result<std::shared_ptr<net::Transport>> transport = transportFor(fd);
+    if (!transport) return transport.error();
 
     // Bandwidth: receive `count` messages of `bytes`, then acknowledge on the control connection.
     std::vector<std::uint8_t> buffer(request.bytes);
     probewire::HandleFrame frame;
     std::unique_ptr<net::ListenComm> listen;
-    const net::Result lr = transport->listen(0, frame.handle, &listen);
-    if (lr != net::Result::kOk || !listen) return "net listen: " + resultText(lr);
+    const net::Result lr = (*transport)->listen(0, frame.handle, &listen);
+    if (lr != net::Result::kOk || !listen) return failure("net listen: " + resultText(lr));
     std::array<std::uint8_t, probewire::kHandleFrameBytes> out{};
     probewire::encodeHandleFrame(frame, out.data());
-    if (std::string e = sendAll(fd, out.data(), out.size(), deadline, "the handle"); !e.empty()) return e;
-    std::unique_ptr<net::RecvComm> recv;
-    if (std::string e = acceptRecv(*listen, deadline, &recv); !e.empty()) return e;
-    Registration<net::RecvComm> recvReg(recv.get(), buffer.data(), buffer.size(), &error);
-    if (recvReg.get() == nullptr) return error;
-    std::string failure;
+    if (SocketStatus e = net::sendAll(fd, out.data(), out.size(), deadline, "the handle"); !e) return failure(e);
+    core::Result<std::unique_ptr<net::RecvComm>> recv = acceptRecv(*listen, deadline);
+    if (!recv) return recv.error();
+    auto recvReg = Registration<net::RecvComm>::make(recv->get(), buffer.data(), buffer.size());
+    if (!recvReg) return recvReg.error();
+    std::string failed;  // the bandwidth phase's failure: the prober still gets its kNak
     {
-      std::vector<net::Request*> requests(request.count, nullptr);
-      for (net::Request*& r : requests) {
-        failure = postRecv(*recv, buffer.data(), buffer.size(), recvReg.get(), deadline, &r);
-        if (!failure.empty()) break;
+      std::vector<net::Request*> requests;
+      requests.reserve(request.count);
+      for (std::uint32_t i = 0; i < request.count; ++i) {
+        core::Result<net::Request*> r = postRecv(**recv, buffer.data(), buffer.size(), recvReg->get(), deadline);
+        if (!r) {
+          failed = r.error().message;
+          break;
+        }
+        requests.push_back(*r);
       }
       for (net::Request* r : requests) {
-        if (!failure.empty() || r == nullptr) break;
-        int size = 0;
-        failure = waitDone(*recv, r, deadline, "a probe message", &size);
-        if (failure.empty() && static_cast<std::uint64_t>(size) != request.bytes) {
-          failure = fmt::format("a probe message of {} bytes, expected {}", size, request.bytes);
+        if (!failed.empty()) break;
+        core::Result<int> size = waitDone(**recv, r, deadline, "a probe message");
+        if (!size) {
+          failed = size.error().message;
+        } else if (static_cast<std::uint64_t>(*size) != request.bytes) {
+          failed = fmt::format("a probe message of {} bytes, expected {}", *size, request.bytes);
         }
       }
     }
-    const std::uint8_t ack = failure.empty() ? probewire::kAck : probewire::kNak;
-    if (std::string e = sendAll(fd, &ack, 1, deadline, "the acknowledgement"); !e.empty() && failure.empty()) {
-      failure = e;
+    const std::uint8_t ack = failed.empty() ? probewire::kAck : probewire::kNak;
+    if (SocketStatus e = net::sendAll(fd, &ack, 1, deadline, "the acknowledgement"); !e && failed.empty()) {
+      failed = e.message();
     }
-    if (!failure.empty()) return failure;
+    if (!failed.empty()) return failure(failed);
 
     // Latency: connect back to the prober and echo its pings.
     std::array<std::uint8_t, probewire::kHandleFrameBytes> in{};
-    if (std::string e = recvAll(fd, in.data(), in.size(), deadline, "the prober's handle"); !e.empty()) return e;
-    if (!probewire::decodeHandleFrame(in.data(), &frame, &error)) return error;
-    if (frame.status != probewire::Status::kOk) return "the prober sent a refusal instead of its handle";
-    std::unique_ptr<net::SendComm> send;
-    if (std::string e = connectSend(*transport, frame.handle, deadline, &send); !e.empty()) return e;
-    std::array<std::uint8_t, probewire::kPingBytes> pong{};
-    Registration<net::SendComm> sendReg(send.get(), pong.data(), pong.size(), &error);
-    if (sendReg.get() == nullptr) return error;
-    for (std::uint32_t i = 0; i <= request.pings; ++i) {
-      net::Request* r = nullptr;
-      if (std::string e = postRecv(*recv, buffer.data(), probewire::kPingBytes, recvReg.get(), deadline, &r);
-          !e.empty()) {
-        return e;
-      }
-      if (std::string e = waitDone(*recv, r, deadline, "a ping"); !e.empty()) return e;
-      std::memcpy(pong.data(), buffer.data(), pong.size());
-      if (std::string e = postSend(*send, pong.data(), pong.size(), sendReg.get(), deadline, &r); !e.empty()) return e;
-      if (std::string e = waitDone(*send, r, deadline, "a pong"); !e.empty()) return e;
+    if (SocketStatus e = net::recvAll(fd, in.data(), in.size(), deadline, "the prober's handle"); !e) {
+      return failure(e);
     }
-    spdlog::debug("probe responder {}: served {} ({} x {} bytes, {} pings)", listen_, peer, request.count,
-                  request.bytes, request.pings);
-    return "";
+    if (!probewire::decodeHandleFrame(in.data(), &frame, &error)) return failure(error);
+    if (frame.status != probewire::Status::kOk) return failure("the prober sent a refusal instead of its handle");
+    core::Result<std::unique_ptr<net::SendComm>> send = connectSend(**transport, frame.handle, deadline);
+    if (!send) return send.error();
+    std::array<std::uint8_t, probewire::kPingBytes> pong{};
+    auto sendReg = Registration<net::SendComm>::make(send->get(), pong.data(), pong.size());
+    if (!sendReg) return sendReg.error();
+    for (std::uint32_t i = 0; i <= request.pings; ++i) {
+      core::Result<net::Request*> ping =
+          postRecv(**recv, buffer.data(), probewire::kPingBytes, recvReg->get(), deadline);
+      if (!ping) return ping.error();
+      if (core::Result<int> r = waitDone(**recv, *ping, deadline, "a ping"); !r) return r.error();
+      std::memcpy(pong.data(), buffer.data(), pong.size());
+      core::Result<net::Request*> sent = postSend(**send, pong.data(), pong.size(), sendReg->get(), deadline);
+      if (!sent) return sent.error();
+      if (core::Result<int> r = waitDone(**send, *sent, deadline, "a pong"); !r) return r.error();
+    }
+    return request;
   }
 
   Fd listener_;
@@ -606,79 +504,85 @@ class ResponderImpl final : public ProbeResponder {
 
 // ---- Prober --------------------------------------------------------------------------------------------------------
 
-std::string probeInto(NetProbeResult* result, std::uint64_t bytes, const Deadline& deadline) {
-  Fd control;
-  if (std::string e = connectTo(result->peer, deadline, &control); !e.empty()) return e;
-  const int fd = control.get();
+// result with its bandwidth and latency measured.
+core::Result<NetProbeResult> probeInto(NetProbeResult result, std::uint64_t bytes, const Deadline& deadline) {
+  core::Result<Fd> control = connectTo(result.peer, deadline);
+  if (!control) return control.error();
+  const int fd = control->get();
   std::array<std::uint8_t, probewire::kRequestBytes> request{};
   probewire::encodeRequest(probewire::Request{bytes, kProbeMessages, kProbePings}, request.data());
-  if (std::string e = sendAll(fd, request.data(), request.size(), deadline, "the request"); !e.empty()) return e;
+  if (SocketStatus e = net::sendAll(fd, request.data(), request.size(), deadline, "the request"); !e) {
+    return failure(e);
+  }
   std::array<std::uint8_t, probewire::kHandleFrameBytes> in{};
-  if (std::string e = recvAll(fd, in.data(), in.size(), deadline, "the responder's handle"); !e.empty()) return e;
+  if (SocketStatus e = net::recvAll(fd, in.data(), in.size(), deadline, "the responder's handle"); !e) {
+    return failure(e);
+  }
   probewire::HandleFrame frame;
   std::string error;
-  if (!probewire::decodeHandleFrame(in.data(), &frame, &error)) return error;
-  if (frame.status != probewire::Status::kOk) return "the responder refused the probe: " + frame.reason;
-  std::shared_ptr<net::Transport> transport = makeTransportOn(interfaceOwning(fd), "probe of " + result->peer, &error);
-  if (!transport) return error;
+  if (!probewire::decodeHandleFrame(in.data(), &frame, &error)) return failure(error);
+  if (frame.status != probewire::Status::kOk) return failure("the responder refused the probe: " + frame.reason);
+  core::Result<std::shared_ptr<net::Transport>> transport =
+      makeTransportOn(interfaceOwning(fd), "probe of " + result.peer);
+  if (!transport) return transport.error();
 
   // Bandwidth: from the first isend to the responder's acknowledgement of the last receive.
   std::vector<std::uint8_t> buffer(bytes);
-  std::unique_ptr<net::SendComm> send;
-  if (std::string e = connectSend(*transport, frame.handle, deadline, &send); !e.empty()) return e;
-  Registration<net::SendComm> sendReg(send.get(), buffer.data(), buffer.size(), &error);
-  if (sendReg.get() == nullptr) return error;
+  core::Result<std::unique_ptr<net::SendComm>> send = connectSend(**transport, frame.handle, deadline);
+  if (!send) return send.error();
+  auto sendReg = Registration<net::SendComm>::make(send->get(), buffer.data(), buffer.size());
+  if (!sendReg) return sendReg.error();
   const Clock::time_point start = Clock::now();
-  std::vector<net::Request*> requests(kProbeMessages, nullptr);
-  for (net::Request*& r : requests) {
-    if (std::string e = postSend(*send, buffer.data(), buffer.size(), sendReg.get(), deadline, &r); !e.empty()) {
-      return e;
-    }
+  std::vector<net::Request*> requests;
+  requests.reserve(kProbeMessages);
+  for (std::uint32_t i = 0; i < kProbeMessages; ++i) {
+    core::Result<net::Request*> r = postSend(**send, buffer.data(), buffer.size(), sendReg->get(), deadline);
+    if (!r) return r.error();
+    requests.push_back(*r);
   }
   for (net::Request* r : requests) {
-    if (std::string e = waitDone(*send, r, deadline, "a probe message to be sent"); !e.empty()) return e;
+    if (core::Result<int> sent = waitDone(**send, r, deadline, "a probe message to be sent"); !sent) {
+      return sent.error();
+    }
   }
   std::uint8_t ack = 0;
-  if (std::string e = recvAll(fd, &ack, 1, deadline, "the acknowledgement"); !e.empty()) return e;
+  if (SocketStatus e = net::recvAll(fd, &ack, 1, deadline, "the acknowledgement"); !e) return failure(e);
   const double elapsed = seconds(Clock::now() - start);
-  if (ack != probewire::kAck) return "the responder failed to receive the probe messages (its log says why)";
-  result->bandwidthGBps =
+  if (ack != probewire::kAck) return failure("the responder failed to receive the probe messages (its log says why)");
+  result.bandwidthGBps =
       static_cast<double>(bytes) * kProbeMessages / std::max(elapsed, 1e-9) / 1e9;  // GB/s = 1e9 bytes/s
 
   // Latency: the responder connects back and echoes 8-byte pings; the first round trip only warms up.
   probewire::HandleFrame mine;
   std::unique_ptr<net::ListenComm> listen;
-  const net::Result lr = transport->listen(0, mine.handle, &listen);
-  if (lr != net::Result::kOk || !listen) return "net listen: " + resultText(lr);
+  const net::Result lr = (*transport)->listen(0, mine.handle, &listen);
+  if (lr != net::Result::kOk || !listen) return failure("net listen: " + resultText(lr));
   std::array<std::uint8_t, probewire::kHandleFrameBytes> out{};
   probewire::encodeHandleFrame(mine, out.data());
-  if (std::string e = sendAll(fd, out.data(), out.size(), deadline, "our handle"); !e.empty()) return e;
+  if (SocketStatus e = net::sendAll(fd, out.data(), out.size(), deadline, "our handle"); !e) return failure(e);
   std::array<std::uint8_t, probewire::kPingBytes> pong{};
-  std::unique_ptr<net::RecvComm> recv;
-  if (std::string e = acceptRecv(*listen, deadline, &recv); !e.empty()) return e;
-  Registration<net::RecvComm> recvReg(recv.get(), pong.data(), pong.size(), &error);
-  if (recvReg.get() == nullptr) return error;
+  core::Result<std::unique_ptr<net::RecvComm>> recv = acceptRecv(*listen, deadline);
+  if (!recv) return recv.error();
+  auto recvReg = Registration<net::RecvComm>::make(recv->get(), pong.data(), pong.size());
+  if (!recvReg) return recvReg.error();
   std::vector<double> rtts;
   for (std::uint32_t i = 0; i <= kProbePings; ++i) {
     std::memcpy(buffer.data(), &i, sizeof(i));
-    net::Request* rr = nullptr;
-    net::Request* sr = nullptr;
-    if (std::string e = postRecv(*recv, pong.data(), pong.size(), recvReg.get(), deadline, &rr); !e.empty()) return e;
+    core::Result<net::Request*> rr = postRecv(**recv, pong.data(), pong.size(), recvReg->get(), deadline);
+    if (!rr) return rr.error();
     const Clock::time_point t0 = Clock::now();
-    if (std::string e = postSend(*send, buffer.data(), probewire::kPingBytes, sendReg.get(), deadline, &sr);
-        !e.empty()) {
-      return e;
-    }
-    if (std::string e = waitDone(*send, sr, deadline, "a ping to be sent"); !e.empty()) return e;
-    if (std::string e = waitDone(*recv, rr, deadline, "a pong"); !e.empty()) return e;
+    core::Result<net::Request*> sr = postSend(**send, buffer.data(), probewire::kPingBytes, sendReg->get(), deadline);
+    if (!sr) return sr.error();
+    if (core::Result<int> r = waitDone(**send, *sr, deadline, "a ping to be sent"); !r) return r.error();
+    if (core::Result<int> r = waitDone(**recv, *rr, deadline, "a pong"); !r) return r.error();
     const double rtt = seconds(Clock::now() - t0);
     std::uint32_t echoed = 0;
     std::memcpy(&echoed, pong.data(), sizeof(echoed));
-    if (echoed != i) return fmt::format("pong {} echoed ping {}", i, echoed);
+    if (echoed != i) return failure(fmt::format("pong {} echoed ping {}", i, echoed));
     if (i > 0) rtts.push_back(rtt);
   }
-  result->latencyUs = median(rtts) / 2 * 1e6;
-  return "";
+  result.latencyUs = median(rtts) / 2 * 1e6;
+  return result;
 }
 
 std::string escapeLabel(const std::string& v) {
@@ -701,36 +605,19 @@ core::Result<std::unique_ptr<ProbeResponder>> ProbeResponder::start(const std::s
     return core::Diagnostic{"", 0, 0, fmt::format("probe responder on \"{}\": {}", listen, what)};
   };
   try {
-    std::string host, port, error;
-    if (!splitHostPort(listen, &host, &port, &error)) return fail(error);
-    AddrInfo list = resolve(host, port, true, &error);
-    if (!list) return fail(error);
+    core::Result<HostPort> hostPort = splitHostPort(listen);
+    if (!hostPort) return fail(hostPort.error().message);
+    core::Result<AddrInfo> list = resolve(*hostPort, true);
+    if (!list) return fail(list.error().message);
     Fd fd;
-    for (const addrinfo* ai = list.get(); ai != nullptr; ai = ai->ai_next) {
-      Fd s(::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol));
-      if (s.get() < 0) {
-        error = fmt::format("socket: {}", errnoText(errno));
-        continue;
-      }
-      int one = 1;
-      ::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-      if (::bind(s.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
-        error = fmt::format("bind: {}", errnoText(errno));
-        continue;
-      }
-      if (::listen(s.get(), kListenBacklog) != 0) {
-        error = fmt::format("listen: {}", errnoText(errno));
-        continue;
-      }
-      fd = std::move(s);
-      break;
-    }
-    if (fd.get() < 0) return fail(error.empty() ? "no address to listen on" : error);
     sockaddr_storage bound{};
-    socklen_t len = sizeof(bound);
-    if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
-      return fail(fmt::format("getsockname: {}", errnoText(errno)));
+    std::string error;
+    for (const addrinfo* ai = list->get(); ai != nullptr && !fd.valid(); ai = ai->ai_next) {
+      if (SocketStatus s = net::listenOn(ai->ai_addr, ai->ai_addrlen, kListenBacklog, &fd, &bound); !s) {
+        error = s.message();
+      }
     }
+    if (!fd.valid()) return fail(error.empty() ? "no address to listen on" : error);
     const int boundPort = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<const sockaddr_in6&>(bound).sin6_port)
                                                       : ntohs(reinterpret_cast<const sockaddr_in&>(bound).sin_port);
     const std::string where = endpointText(bound);
@@ -759,9 +646,10 @@ core::Result<NetProbeResult> probePeer(const std::string& peer, std::uint64_t by
       result.predictedGBps = predicted.nics[0].bandwidthGBps;
       result.predictedLatencyUs = predicted.nics[0].latencyUs;
     }
-    const Deadline deadline(timeoutS, stop);
-    if (std::string e = probeInto(&result, bytes, deadline); !e.empty()) return fail(e);
-    return result;
+    const Deadline deadline(timeoutS, &stop);
+    core::Result<NetProbeResult> measured = probeInto(std::move(result), bytes, deadline);
+    if (!measured) return fail(measured.error().message);
+    return measured;
   } catch (const std::exception& e) {
     return fail(e.what());
   } catch (...) {

@@ -8,7 +8,6 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -45,13 +44,13 @@ std::uint64_t monotonicNs() {
 // spinning on EAGAIN takes the socket lock each time, which defers the kernel's own work on that socket (ACKs, window
 // updates) to the spinning thread and costs most of the bandwidth (measured on loopback); poll() does not take it.
 // Clears blocked[s] for every wanted stream that is ready (or has an error or EOF for the next call to report).
-void pollBlocked(const std::vector<int>& fds, const bool* want, std::vector<char>& blocked, short events) {
+void pollBlocked(const std::vector<Fd>& fds, const bool* want, std::vector<char>& blocked, short events) {
   pollfd pfds[wire::kMaxStreams];
   std::size_t index[wire::kMaxStreams];
   nfds_t n = 0;
   for (std::size_t s = 0; s < fds.size() && s < static_cast<std::size_t>(wire::kMaxStreams); ++s) {
     if (!want[s] || blocked[s] == 0) continue;
-    pfds[n] = pollfd{fds[s], events, 0};
+    pfds[n] = pollfd{fds[s].get(), events, 0};
     index[n++] = s;
   }
   if (n == 0 || ::poll(pfds, n, 0) <= 0) return;  // EINTR: try again on the next call
@@ -104,11 +103,6 @@ class CommCore {
     } else {
       peerRec_ = &scratch_;
       nicRecs_.assign(conn_.railNics.size(), &scratch_);
-    }
-  }
-  ~CommCore() {
-    for (int fd : conn_.fds) {
-      if (fd >= 0) ::close(fd);
     }
   }
   CommCore(const CommCore&) = delete;
@@ -381,7 +375,7 @@ class TcpSendComm final : public SendComm {
         msghdr msg{};
         msg.msg_iov = iov;
         msg.msg_iovlen = static_cast<std::size_t>(n);
-        const ssize_t rc = ::sendmsg(core_.conn_.fds[s], &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        const ssize_t rc = ::sendmsg(core_.conn_.fds[s].get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (rc < 0) {
           if (errno == EINTR) continue;
           if (errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -574,7 +568,7 @@ class TcpRecvComm final : public RecvComm {
     msg.msg_iov = iov;
     msg.msg_iovlen = static_cast<std::size_t>(n);
     for (;;) {
-      const ssize_t rc = ::recvmsg(core_.conn_.fds[s], &msg, flags | MSG_DONTWAIT);
+      const ssize_t rc = ::recvmsg(core_.conn_.fds[s].get(), &msg, flags | MSG_DONTWAIT);
       if (rc > 0) {
         *got = static_cast<std::uint64_t>(rc);
         return Io::kMoved;

@@ -7,14 +7,15 @@
 #include <vector>
 
 #include "interfaces.h"
+#include "optiflow/net/socket.h"
 #include "optiflow/net/telemetry.h"
 #include "optiflow/net/transport.h"
 
 namespace optiflow::net::detail {
 
-// What a comm needs once its streams are connected. The comm owns and closes the fds.
+// What a comm needs once its streams are connected. The comm owns the sockets.
 struct TcpConnection {
-  std::vector<int> fds;               // by stream index
+  std::vector<Fd> fds;                // by stream index
   std::vector<int> railOfStream;      // by stream index
   std::vector<std::string> railNics;  // local interface name of each rail
   std::string peer;                   // remote IP text, for logs and the peer record

@@ -2,12 +2,9 @@
 // blocking (non-blocking sockets, state machines driven by repeated calls), then hand them to tcp_comm.cc.
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -16,6 +13,7 @@
 #include <random>
 
 #include "interfaces.h"
+#include "optiflow/net/socket.h"
 #include "optiflow/net/wire.h"
 #include "tcp_comm.h"
 
@@ -45,31 +43,8 @@ std::uint64_t randomId() {
 
 std::string errnoText(int err) { return std::strerror(err); }
 
-// Every data stream: no Nagle delay, and a peer whose host died or was cut off (no FIN or RST ever arrives) is
-// detected by the kernel instead of leaving test() waiting forever: keepalive probes after 15 s idle (3 x 5 s), and
-// unacknowledged data older than kUserTimeoutMs fails the socket.
-constexpr int kKeepIdleS = 15;
-constexpr int kKeepIntervalS = 5;
-constexpr int kKeepCount = 3;
-constexpr unsigned kUserTimeoutMs = 60000;
-
-void setStreamOptions(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &kKeepIdleS, sizeof(kKeepIdleS));
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &kKeepIntervalS, sizeof(kKeepIntervalS));
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &kKeepCount, sizeof(kKeepCount));
-  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &kUserTimeoutMs, sizeof(kUserTimeoutMs));
-}
-
-std::string endpointText(const sockaddr* addr) {
-  const std::string host = addressText(addr);
-  std::uint16_t port = 0;
-  if (addr->sa_family == AF_INET) port = ntohs(reinterpret_cast<const sockaddr_in*>(addr)->sin_port);
-  if (addr->sa_family == AF_INET6) port = ntohs(reinterpret_cast<const sockaddr_in6*>(addr)->sin6_port);
-  return (addr->sa_family == AF_INET6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
-}
+// Every stream gets the toolkit's stream options (socket.h: no Nagle delay, keepalive, TCP_USER_TIMEOUT), so a
+// peer whose host died without a FIN or RST fails the socket instead of leaving test() waiting forever.
 
 bool sameAddress(const sockaddr_storage& a, const sockaddr_storage& b) {
   if (a.ss_family != b.ss_family) return false;
@@ -86,7 +61,7 @@ bool sameAddress(const sockaddr_storage& a, const sockaddr_storage& b) {
 class TcpListenComm final : public ListenComm {
  public:
   struct Rail {
-    int fd = -1;
+    Fd fd;
     std::string nic;
     int firstStream = 0;  // stream indices [firstStream, firstStream + streams) arrive on this rail
     int streams = 0;
@@ -100,16 +75,6 @@ class TcpListenComm final : public ListenComm {
         log_(std::move(log)),
         telemetry_(telemetry),
         minStripeBytes_(minStripeBytes) {}
-
-  ~TcpListenComm() override {
-    for (Rail& r : rails_) ::close(r.fd);
-    for (Pending& p : pending_) ::close(p.fd);
-    for (auto& [id, group] : groups_) {
-      for (int fd : group.fds) {
-        if (fd >= 0) ::close(fd);
-      }
-    }
-  }
 
   Result accept(std::unique_ptr<RecvComm>* recv) noexcept override {
     if (recv == nullptr) return Result::kInvalidArgument;
@@ -143,7 +108,7 @@ class TcpListenComm final : public ListenComm {
 
  private:
   struct Pending {
-    int fd = -1;
+    Fd fd;
     int rail = 0;
     std::string peer;  // IP text
     std::string endpoint;
@@ -151,7 +116,7 @@ class TcpListenComm final : public ListenComm {
     std::size_t got = 0;
   };
   struct Group {
-    std::vector<int> fds;
+    std::vector<Fd> fds;
     int arrived = 0;
     std::string peer;
   };
@@ -160,27 +125,24 @@ class TcpListenComm final : public ListenComm {
     for (std::size_t r = 0; r < rails_.size(); ++r) {
       for (;;) {
         sockaddr_storage addr{};
-        socklen_t len = sizeof(addr);
-        const int fd = ::accept4(rails_[r].fd, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) {
-          if (errno == EINTR || errno == ECONNABORTED) continue;
-          if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        Fd fd;
+        const Io io = acceptStream(rails_[r].fd.get(), &fd, &addr);
+        if (io == Io::kPending) break;
+        if (io != Io::kDone) {
           warn(log_, "accept on " + rails_[r].nic + " failed: " + errnoText(errno));
           return Result::kSystemError;
         }
         if (static_cast<int>(pending_.size()) >= kMaxPendingStreams) {
           warn(log_, "refused a stream from " + endpointText(reinterpret_cast<sockaddr*>(&addr)) + ": " +
                          std::to_string(kMaxPendingStreams) + " streams already wait for their hello");
-          ::close(fd);
           continue;
         }
-        setStreamOptions(fd);
         Pending p;
-        p.fd = fd;
+        p.fd = std::move(fd);
         p.rail = static_cast<int>(r);
         p.peer = addressText(reinterpret_cast<sockaddr*>(&addr));
         p.endpoint = endpointText(reinterpret_cast<sockaddr*>(&addr));
-        pending_.push_back(p);
+        pending_.push_back(std::move(p));
       }
     }
     return Result::kOk;
@@ -189,25 +151,20 @@ class TcpListenComm final : public ListenComm {
   void refuse(Pending& p, const std::string& why) {
     warn(log_,
          "refused a stream from " + p.endpoint + " on " + rails_[static_cast<std::size_t>(p.rail)].nic + ": " + why);
-    ::close(p.fd);
-    p.fd = -1;
+    p.fd.reset();
   }
 
   void readHellos() {
     for (Pending& p : pending_) {
-      while (p.fd >= 0 && p.got < wire::kHelloBytes) {
-        const ssize_t rc = ::recv(p.fd, p.hello + p.got, wire::kHelloBytes - p.got, MSG_DONTWAIT);
-        if (rc > 0) {
-          p.got += static_cast<std::size_t>(rc);
-          continue;
-        }
-        if (rc < 0 && errno == EINTR) continue;
-        if (rc < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-        refuse(p, rc == 0 ? "closed before its hello (" + std::to_string(p.got) + " of " +
-                                std::to_string(wire::kHelloBytes) + " bytes)"
-                          : "recv failed: " + errnoText(errno));
+      if (!p.fd.valid()) continue;
+      const Io io = recvSome(p.fd.get(), p.hello, wire::kHelloBytes, &p.got);
+      if (io == Io::kPending) continue;
+      if (io != Io::kDone) {
+        refuse(p, io == Io::kClosed ? "closed before its hello (" + std::to_string(p.got) + " of " +
+                                          std::to_string(wire::kHelloBytes) + " bytes)"
+                                    : "recv failed: " + errnoText(errno));
+        continue;
       }
-      if (p.fd < 0 || p.got < wire::kHelloBytes) continue;
       wire::Hello h;
       std::string error;
       if (!wire::decodeHello(p.hello, &h, &error)) {
@@ -233,18 +190,17 @@ class TcpListenComm final : public ListenComm {
       }
       Group& g = groups_[h.connId];
       if (g.fds.empty()) {
-        g.fds.assign(static_cast<std::size_t>(streamCount_), -1);
+        g.fds.resize(static_cast<std::size_t>(streamCount_));
         g.peer = p.peer;
       }
-      if (g.fds[h.streamIndex] >= 0) {
+      if (g.fds[h.streamIndex].valid()) {
         refuse(p, "connection " + std::to_string(h.connId) + " already has stream " + std::to_string(h.streamIndex));
         continue;
       }
-      g.fds[h.streamIndex] = p.fd;
+      g.fds[h.streamIndex] = std::move(p.fd);
       ++g.arrived;
-      p.fd = -1;
     }
-    std::erase_if(pending_, [](const Pending& p) { return p.fd < 0; });
+    std::erase_if(pending_, [](const Pending& p) { return !p.fd.valid(); });
   }
 
   std::vector<Rail> rails_;
@@ -283,18 +239,12 @@ class TcpConnector final : public Connector {
         hello.streamIndex = static_cast<std::uint16_t>(index++);
         hello.streamCount = 0;  // set below
         s.hello = hello;
-        streams_.push_back(s);
+        streams_.push_back(std::move(s));
       }
     }
     for (Stream& s : streams_) {
       s.hello.streamCount = static_cast<std::uint16_t>(streams_.size());
       wire::encodeHello(s.hello, s.helloBytes);
-    }
-  }
-
-  ~TcpConnector() override {
-    for (Stream& s : streams_) {
-      if (s.fd >= 0) ::close(s.fd);
     }
   }
 
@@ -327,7 +277,7 @@ class TcpConnector final : public Connector {
   enum class State { kStart, kConnecting, kHello, kDone };
   struct Stream {
     int rail = 0;
-    int fd = -1;
+    Fd fd;
     State state = State::kStart;
     std::int64_t retryAtMs = 0;
     int backoffMs = kFirstBackoffMs;
@@ -382,8 +332,7 @@ class TcpConnector final : public Connector {
   }
 
   void retryLater(Stream& s, std::int64_t now) {
-    ::close(s.fd);
-    s.fd = -1;
+    s.fd.reset();
     s.state = State::kStart;
     s.retryAtMs = now + s.backoffMs;
     s.backoffMs = std::min(s.backoffMs * 2, kMaxBackoffMs);
@@ -395,15 +344,15 @@ class TcpConnector final : public Connector {
       if (now < s.retryAtMs) return true;
       socklen_t len = 0;
       const sockaddr_storage addr = railAddress(s.rail, &len);
-      s.fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-      if (s.fd < 0) {
+      s.fd = openStream(addr.ss_family);
+      if (!s.fd.valid()) {
         fail(Result::kSystemError, "socket() for a stream to " + railText(s.rail) + " failed: " + errnoText(errno));
         return false;
       }
-      setStreamOptions(s.fd);
-      if (::connect(s.fd, reinterpret_cast<const sockaddr*>(&addr), len) == 0) {
+      const Io io = beginConnect(s.fd.get(), reinterpret_cast<const sockaddr*>(&addr), len);
+      if (io == Io::kDone) {
         s.state = State::kHello;
-      } else if (errno == EINPROGRESS || errno == EINTR) {
+      } else if (io == Io::kPending) {
         s.state = State::kConnecting;
       } else if (errno == ECONNREFUSED) {
         retryLater(s, now);
@@ -414,34 +363,25 @@ class TcpConnector final : public Connector {
       }
     }
     if (s.state == State::kConnecting) {
-      pollfd pfd{s.fd, POLLOUT, 0};
-      const int rc = ::poll(&pfd, 1, 0);
-      if (rc == 0) return true;
       int err = 0;
-      socklen_t errLen = sizeof(err);
-      if (rc < 0 || getsockopt(s.fd, SOL_SOCKET, SO_ERROR, &err, &errLen) != 0) err = errno;
+      const Io io = connectDone(s.fd.get(), &err);
+      if (io == Io::kPending) return true;
       if (err == ECONNREFUSED) {
         retryLater(s, now);
         return true;
       }
-      if (err == EINTR) return true;
-      if (err != 0) {
+      if (io != Io::kDone) {
         fail(Result::kRemoteError, "connect to " + railText(s.rail) + " failed: " + errnoText(err));
         return false;
       }
       s.state = State::kHello;
     }
     if (s.state == State::kHello) {
-      while (s.helloSent < wire::kHelloBytes) {
-        const ssize_t rc =
-            ::send(s.fd, s.helloBytes + s.helloSent, wire::kHelloBytes - s.helloSent, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (rc < 0 && errno == EINTR) continue;
-        if (rc < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
-        if (rc < 0) {
-          fail(Result::kRemoteError, "sending the hello to " + railText(s.rail) + " failed: " + errnoText(errno));
-          return false;
-        }
-        s.helloSent += static_cast<std::size_t>(rc);
+      const Io io = sendSome(s.fd.get(), s.helloBytes, wire::kHelloBytes, &s.helloSent);
+      if (io == Io::kPending) return true;
+      if (io != Io::kDone) {
+        fail(Result::kRemoteError, "sending the hello to " + railText(s.rail) + " failed: " + errnoText(errno));
+        return false;
       }
       s.state = State::kDone;
     }
@@ -469,12 +409,11 @@ class TcpConnector final : public Connector {
     int lastRail = -1;
     for (Stream& s : streams_) {
       if (s.rail != lastRail) {
-        c.railNics.push_back(localNic(s.rail, s.fd));
+        c.railNics.push_back(localNic(s.rail, s.fd.get()));
         lastRail = s.rail;
       }
-      c.fds.push_back(s.fd);
+      c.fds.push_back(std::move(s.fd));
       c.railOfStream.push_back(s.rail);
-      s.fd = -1;
     }
     c.peer = peerText();
     c.log = log_;
@@ -531,29 +470,17 @@ class TcpTransport final : public Transport {
       h.listenId = randomId();
       h.railCount = static_cast<std::uint8_t>(devs.size());
       std::vector<TcpListenComm::Rail> rails;
-      auto closeAll = [&rails] {
-        for (auto& r : rails) ::close(r.fd);
-      };
       for (std::size_t r = 0; r < devs.size(); ++r) {
         const Interface& iface = interfaces_[static_cast<std::size_t>(devs[r])];
-        const int fd = ::socket(iface.addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        if (fd < 0) {
-          closeAll();
-          warn(log_, "listen on " + iface.name + ": socket() failed: " + errnoText(errno));
+        Fd fd;
+        sockaddr_storage addr{};
+        const SocketStatus s =
+            listenOn(reinterpret_cast<const sockaddr*>(&iface.addr), iface.addrLen, kListenBacklog, &fd, &addr);
+        if (!s) {
+          warn(log_, "listen on " + iface.name + " (" + iface.addrText + ") failed: " + s.message());
           return Result::kSystemError;
         }
-        rails.push_back({fd, iface.name, static_cast<int>(r) * perRail, perRail});
-        int one = 1;
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-        sockaddr_storage addr = iface.addr;
-        socklen_t len = iface.addrLen;
-        if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd, kListenBacklog) != 0 ||
-            getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-          const int err = errno;
-          closeAll();
-          warn(log_, "listen on " + iface.name + " (" + iface.addrText + ") failed: " + errnoText(err));
-          return Result::kSystemError;
-        }
+        rails.push_back({std::move(fd), iface.name, static_cast<int>(r) * perRail, perRail});
         wire::RailAddress& ra = h.rails[r];
         ra.family = static_cast<std::uint8_t>(addr.ss_family);
         ra.streams = static_cast<std::uint8_t>(perRail);
@@ -568,7 +495,6 @@ class TcpTransport final : public Transport {
         }
       }
       if (!wire::encodeTcpHandle(h, static_cast<std::uint8_t*>(handle))) {
-        closeAll();
         warn(log_, "listen: could not encode a handle with " + std::to_string(devs.size()) + " rails");
         return Result::kInternalError;
       }
