@@ -397,7 +397,7 @@ TEST_F(ConfigTest, LoadConfigReadsFilesAndNamesMissingOnes) {
 }
 
 TEST_F(ConfigTest, ExampleConfigIsValid) {
-  const fs::path example = fs::path(__FILE__).parent_path() / "../../daemon/etc/optiflowd.toml";
+  const fs::path example = fs::path(OPTIFLOW_SOURCE_DIR) / "daemon/etc/optiflowd.toml";
   auto r = loadConfig(example, nullptr);
   ASSERT_TRUE(r.ok()) << r.error().str();
   EXPECT_FALSE(r->preset.empty());
