@@ -3,7 +3,7 @@
 // every output; the synthesizer verifies only the winners).
 // The verifier alone on large rings (was a wall-clock limit in verifier_test): a 64-rank, 4-channel ring All-Reduce
 // under 1 s, a 512-rank ring All-Gather under 5 s. And the LLM reply parser on a hostile reply (was a wall-clock
-// limit in reply_parser_test): linear in the reply's length (the complexity fit should say O(N)).
+// limit in reply_parser_test): linear in the reply's length (the fit says N or N lg N with a small RMS; never N^2).
 #include <cstdint>
 #include <string>
 #include <vector>
