@@ -282,6 +282,7 @@ TEST_F(SchedCacheMultiprocTest, ReadersNeverSeeTornPlans) {
   ASSERT_TRUE(w->publish(plans[0], &e).has_value()) << e.message;
 
   Pipe barrier;
+  Pipe ready;  // one byte per reader in its loop: the publishing starts then (a reader may start late when loaded)
   Pipe stop;
   Pipe results;
   std::vector<pid_t> readers;
@@ -290,10 +291,13 @@ TEST_F(SchedCacheMultiprocTest, ReadersNeverSeeTornPlans) {
     ASSERT_GE(pid, 0);
     if (pid == 0) {
       barrier.closeWrite();
+      ready.closeRead();
       stop.closeWrite();
       auto r = Reader::attach(ns_, nullptr);
       if (r == nullptr) ::_exit(2);
       barrier.waitClosed();
+      ready.put('r');
+      ready.closeWrite();
       std::uint64_t ok = 0;
       std::uint64_t retried = 0;
       for (std::uint64_t n = 0; !stop.closed(); ++n) {
@@ -323,8 +327,14 @@ TEST_F(SchedCacheMultiprocTest, ReadersNeverSeeTornPlans) {
     readers.push_back(pid);
   }
   barrier.closeWrite();
+  ready.closeWrite();
   results.closeWrite();
   stop.closeRead();
+  // Every reader is in its loop (or died: its end of `ready` closed, and its exit status says why).
+  for (int i = 0; i < kReaders; ++i) {
+    char c = 0;
+    if (!ready.get(&c)) break;
+  }
   // About a second, and enough plans replaced whatever the build type and load.
   int published = 0;
   const auto start = Clock::now();

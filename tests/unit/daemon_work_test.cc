@@ -4,6 +4,7 @@
 // short round keep every pass well under a second of simulation.
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -112,27 +113,27 @@ TEST(WorkGate, BusyJobsPauseTheCheckpoint) {
   WorkGate gate(/*cpuCores=*/64, /*busyCallsPerS=*/100, /*idleWindowS=*/0.1, burst(t0, 0.5), &metrics);
   gate.start();
   std::atomic<bool> stop{false};
+  const double entered = since(t0);  // a loaded machine may get here late; the jobs' clock runs from t0
   EXPECT_TRUE(gate.checkpoint(stop));
   const double blocked = since(t0);
-  EXPECT_GE(blocked, 0.5);  // busy until 0.5 s, then an idle window of 0.1 s
-  EXPECT_LT(blocked, 1.5);
-  EXPECT_GE(gate.pausedSeconds(), 0.45);
+  EXPECT_GE(blocked, 0.5);                          // busy until 0.5 s, then an idle window of 0.1 s
+  EXPECT_LT(blocked, 10.0);                         // about 0.6 s; only a gate that never lets go reaches this
+  EXPECT_GE(gate.pausedSeconds(), 0.45 - entered);  // the wait in the checkpoint is counted as a pause
   EXPECT_NEAR(metrics.get("optiflowd_work_paused_seconds_total"), gate.pausedSeconds(), 1e-9);
   EXPECT_EQ(metrics.get("optiflowd_jobs_busy"), 0);
 
-  // Idle now: the next checkpoint passes at once.
-  const Clock::time_point t1 = Clock::now();
+  // Idle now: the next checkpoint passes at once, without a pause (each pause, even one slice, is counted).
+  const double paused = gate.pausedSeconds();
   EXPECT_TRUE(gate.checkpoint(stop));
-  EXPECT_LT(since(t1), 0.05);
+  EXPECT_EQ(gate.pausedSeconds(), paused);
 }
 
 TEST(WorkGate, NoCacheMeansNoJobsToWaitFor) {
   WorkGate gate(
       64, 100, 1, [] { return std::optional<sc::Activity>(); }, nullptr);
   std::atomic<bool> stop{false};
-  const Clock::time_point t0 = Clock::now();
   EXPECT_TRUE(gate.checkpoint(stop));
-  EXPECT_LT(since(t0), 0.05);
+  EXPECT_EQ(gate.pausedSeconds(), 0);  // it did not wait, not even the one poll for a rate
   EXPECT_FALSE(gate.busyNow());
 }
 
@@ -142,16 +143,20 @@ TEST(WorkGate, StopEndsAPauseQuickly) {
   std::atomic<bool> stop{true};
   EXPECT_FALSE(gate.checkpoint(stop));  // at once when already set
   stop = false;
+  // The gate would pause for ever: returning at all shows the stop ended the pause. It looks every 10 ms; the
+  // limit is one only a gate that misses the stop reaches.
+  Clock::time_point stoppedAt;
   std::thread stopper([&] {
     std::this_thread::sleep_for(milliseconds(300));
+    stoppedAt = Clock::now();
     stop = true;
   });
-  const Clock::time_point t1 = Clock::now();
   EXPECT_FALSE(gate.checkpoint(stop));
-  const double waited = since(t1);
+  const Clock::time_point returnedAt = Clock::now();
   stopper.join();
-  EXPECT_GE(waited, 0.29);
-  EXPECT_LT(waited, 0.3 + 0.2);
+  EXPECT_GE(returnedAt, stoppedAt);
+  EXPECT_LT(std::chrono::duration<double>(returnedAt - stoppedAt).count(), 5.0);
+  EXPECT_GT(gate.pausedSeconds(), 0);
   EXPECT_TRUE(gate.busyNow());
 }
 
@@ -161,6 +166,7 @@ TEST(WorkGate, CpuBudgetHoldsABusyLoopToItsShare) {
   std::atomic<bool> stop{false};
   double cpu = 0;
   double wall = 0;
+  double inGate = 0;  // wall time spent in checkpoint()
   std::thread worker([&] {
     gate.start();
     const double cpu0 = threadCpuSeconds();
@@ -169,16 +175,29 @@ TEST(WorkGate, CpuBudgetHoldsABusyLoopToItsShare) {
     while (since(t0) < 1.5) {
       const double spinFrom = threadCpuSeconds();
       while (threadCpuSeconds() - spinFrom < 0.002) sink = sink + 1;  // 2 ms of work per step
+      const Clock::time_point in = Clock::now();
       ASSERT_TRUE(gate.checkpoint(stop));
+      inGate += since(in);
     }
     cpu = threadCpuSeconds() - cpu0;
     wall = since(t0);
   });
   worker.join();
-  // 0.2 x 1.5 s, plus the burst credit (0.25 s x 0.2), plus one step past it.
+  // 0.2 x 1.5 s, plus the burst credit (0.25 s x 0.2), plus one step past it. A loaded machine only lowers it.
   EXPECT_LE(cpu / wall, 0.3) << cpu << " CPU s in " << wall << " s";
-  EXPECT_GE(cpu / wall, 0.1) << "the budget should let it use most of its share";
-  EXPECT_GT(gate.pausedSeconds(), 0.8);
+  // How much of its share it gets depends on the machine as well: with CPU to spare (it ran at more than twice its
+  // share whenever the gate let it), the gate must have let it use most of the share.
+  const double runRate = cpu / std::max(wall - inGate, 1e-9);
+  if (runRate > 0.4) {
+    EXPECT_GE(cpu / wall, 0.1) << "the budget should let it use most of its share (" << runRate
+                               << " CPU s/s outside the gate)";
+  }
+  // The time in the gate is its pauses (the rest of a checkpoint is a lock and a few clock reads).
+  EXPECT_LE(gate.pausedSeconds(), inGate);
+  EXPECT_GE(gate.pausedSeconds(), 0.8 * inGate - 0.05) << inGate << " s in the gate";
+  if (runRate > 0.4) {
+    EXPECT_GT(gate.pausedSeconds(), 0.3 * wall) << runRate << " CPU s/s outside the gate";
+  }
   EXPECT_GE(metrics.get("optiflowd_cpu_seconds_total"), cpu * 0.9);
 }
 
@@ -420,8 +439,9 @@ TEST_F(WorkLoopTest, FollowerPublishesTheLeadersPlan) {
   EXPECT_EQ(currentHash(followerNs), led->planHash);  // the good plan stays current
 }
 
-// The "busy periods pause the work": jobs hammer the cache's activity counters for ~1 s while a pass runs;
-// the pass waits for them.
+// The "busy periods pause the work": jobs hammer the cache's activity counters while a pass runs; the pass
+// waits for them. The job goes on until the pass has paused for 0.8 s (however long the machine takes to get the
+// pass there), with a deadline only a pass that never pauses reaches; the pass must end after the job.
 TEST_F(WorkLoopTest, BusyJobsPauseThePass) {
   std::unique_ptr<sc::Writer> writer = openCache("busy");
   ASSERT_NE(writer, nullptr);
@@ -437,28 +457,32 @@ TEST_F(WorkLoopTest, BusyJobsPauseThePass) {
       },
       &metrics);
   gate.start();
-  std::atomic<bool> jobRunning{true};
-  const Clock::time_point t0 = Clock::now();
+  std::atomic<bool> jobStarted{false};
+  Clock::time_point jobEnd;
   std::thread job([&] {
     sc::Error error;
     std::unique_ptr<sc::Reader> r = sc::Reader::attach(ns, &error);
-    ASSERT_NE(r, nullptr) << error.message;
-    while (since(t0) < 1.0) {
-      for (int i = 0; i < 100; ++i) r->recordCall(kAllGather, 4096);  // ~100 calls per ms
+    const Clock::time_point deadline = Clock::now() + std::chrono::seconds(30);
+    while (r != nullptr && gate.pausedSeconds() < 0.8 && Clock::now() < deadline) {
+      for (int i = 0; i < 100; ++i) r->recordCall(kAllGather, 4096);  // 100 calls a step: far above 1000 calls/s
+      jobStarted = true;
       std::this_thread::sleep_for(milliseconds(1));
     }
-    jobRunning = false;
+    jobEnd = Clock::now();
+    jobStarted = true;
+    ASSERT_NE(r, nullptr) << error.message;
   });
+  while (!jobStarted) std::this_thread::sleep_for(milliseconds(1));  // the pass starts while the job is busy
   WorkLoop loop(config(ns), fourGpus(), writer.get(), &metrics, &gate, root_ / "state");
   std::atomic<bool> stop{false};
   auto pass = loop.runOnce(stop);
-  const double took = since(t0);
+  const Clock::time_point passEnd = Clock::now();
   job.join();
   ASSERT_TRUE(pass) << pass.error().str();
   EXPECT_TRUE(pass->published);
-  EXPECT_GE(took, 1.0);
-  EXPECT_GT(gate.pausedSeconds(), 0.8);
-  EXPECT_GT(metrics.get("optiflowd_work_paused_seconds_total"), 0.8);
+  EXPECT_GE(passEnd, jobEnd) << "the pass ended while the job was busy";
+  EXPECT_GE(gate.pausedSeconds(), 0.8);
+  EXPECT_NEAR(metrics.get("optiflowd_work_paused_seconds_total"), gate.pausedSeconds(), 1e-9);
 }
 
 }  // namespace

@@ -26,8 +26,8 @@ LlmConfig fastConfig(const std::string& baseUrl) {
   c.baseUrl = baseUrl;
   c.model = "test-model";
   c.apiKey = kKey;
-  c.timeoutS = 5;
-  c.connectTimeoutS = 2;
+  c.timeoutS = 30;  // only a hung test waits this long: the replies here come at once, or the test sets its own
+  c.connectTimeoutS = 10;
   c.maxAttempts = 3;
   c.backoffS = 0.01;
   c.maxBackoffS = 0.05;
@@ -110,7 +110,7 @@ TEST(LlmClient, RetriesA429HonouringRetryAfterCappedByMaxBackoff) {
   server.onPost([](const httplib::Request&, httplib::Response& res, int call) {
     if (call == 1) {
       res.status = 429;
-      res.set_header("Retry-After", "1");
+      res.set_header("Retry-After", "60");
       res.set_content(R"({"error":{"message":"rate limited"}})", "application/json");
       return;
     }
@@ -118,7 +118,9 @@ TEST(LlmClient, RetriesA429HonouringRetryAfterCappedByMaxBackoff) {
   });
   LogCapture logs;
   LlmConfig config = fastConfig(server.baseUrl());
-  config.maxBackoffS = 0.3;  // Retry-After says 1 s: the wait must be 0.3 s, not the 0.01 s backoff
+  // Retry-After says 60 s: the wait must be the 0.3 s cap, not the 0.01 s backoff and not the minute. The upper
+  // limit is far from both (a slow machine adds to the 0.3 s, never 20 s).
+  config.maxBackoffS = 0.3;
   const auto start = std::chrono::steady_clock::now();
   const ChatReply reply = LlmClient(config).complete(kMessages);
   const double elapsed = secondsSince(start);
@@ -127,7 +129,7 @@ TEST(LlmClient, RetriesA429HonouringRetryAfterCappedByMaxBackoff) {
   EXPECT_EQ(reply.attempts, 2);
   EXPECT_EQ(server.calls(), 2);
   EXPECT_GE(elapsed, 0.28);
-  EXPECT_LT(elapsed, 0.95);
+  EXPECT_LT(elapsed, 20.0);
   EXPECT_EQ(logs.countLines("HTTP 429"), 1) << logs.text();
   EXPECT_NE(logs.text().find("rate limited"), std::string::npos);
 }
@@ -266,8 +268,10 @@ TEST(LlmClient, AcceptsAReplyJustUnderMaxReplyBytes) {
 
 TEST(LlmClient, TimesOutEachAttemptAndRetries) {
   FakeLlmServer server;
+  // The server answers after a minute (or when the test ends); each attempt must give up after its 0.3 s. The upper
+  // limit is far from both: a slow machine adds to the 2 x 0.3 s, never 20 s.
   server.onPost([&server](const httplib::Request&, httplib::Response& res, int) {
-    server.sleepFor(2.0);
+    server.sleepFor(60.0);
     res.set_content(completionJson("too late"), "application/json");
   });
   LogCapture logs;
@@ -282,7 +286,7 @@ TEST(LlmClient, TimesOutEachAttemptAndRetries) {
   EXPECT_EQ(reply.httpStatus, 0);
   EXPECT_NE(reply.error.find("timed out"), std::string::npos) << reply.error;
   EXPECT_GE(elapsed, 0.55);
-  EXPECT_LT(elapsed, 1.8);
+  EXPECT_LT(elapsed, 20.0);
   EXPECT_EQ(logs.countLines("timed out"), 2) << logs.text();
 }
 

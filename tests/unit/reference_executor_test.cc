@@ -332,14 +332,19 @@ std::vector<Mutation> mutations() {
   return m;
 }
 
+// The progress timeout is a last resort (30 s by default): every broken schedule here is caught without it, the
+// hangs by the exact deadlock check. Saying so by the report, not by the wall clock, keeps a slow machine (or a
+// sanitizer) from turning a correct verdict into a timeout.
+bool endedByTheTimeout(const CheckReport& r) {
+  return describe(r).find("no step completed within") != std::string::npos;
+}
+
 TEST(ReferenceExecutor, BrokenSchedulesFailWithTheRightReport) {
   for (const Mutation& mu : mutations()) {
     SCOPED_TRACE(mu.name);
-    const auto t0 = std::chrono::steady_clock::now();
-    const CheckReport r = runReference(mu.make(), options(8, std::chrono::milliseconds(500)));
-    const auto took = std::chrono::steady_clock::now() - t0;
+    const CheckReport r = runReference(mu.make(), options(8));
     EXPECT_FALSE(r.passed) << describe(r);
-    EXPECT_LT(took, std::chrono::milliseconds(1500));
+    EXPECT_FALSE(endedByTheTimeout(r)) << describe(r);
     if (mu.mismatch) {
       EXPECT_GT(r.mismatchCount, 0u) << describe(r);
       EXPECT_FALSE(r.mismatches.empty());
@@ -380,11 +385,11 @@ TEST(ReferenceExecutor, SwappedReceivesPutDataInTheWrongChunks) {
   for (const auto& m : r.mismatches) EXPECT_FALSE(std::isnan(m.actual)) << describe(r);
 }
 
+// "Quickly": by the deadlock check, which needs no timeout (the run's 30 s progress timeout does not fire).
 TEST(ReferenceExecutor, DependencyCycleIsReportedQuicklyWithTheStuckSteps) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const CheckReport r = runReference(mutations()[4].make(), options(8, std::chrono::milliseconds(500)));
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(500));
+  const CheckReport r = runReference(mutations()[4].make(), options(8));
   ASSERT_TRUE(r.hasError(ErrorKind::Hang)) << describe(r);
+  EXPECT_FALSE(endedByTheTimeout(r)) << describe(r);
   EXPECT_EQ(r.mismatchCount, 0u);  // a run that was stopped is not compared
   const std::string all = describe(r);
   EXPECT_NE(all.find("deadlock"), std::string::npos) << all;
@@ -531,7 +536,8 @@ TEST(ReferenceExecutor, AgreesWithTheVerifier) {
   for (const Mutation& m : mutations()) schedules.emplace_back(m.name, m.make());
   for (const auto& [name, s] : schedules) {
     SCOPED_TRACE(name);
-    const CheckReport r = runReference(s, options(4, std::chrono::milliseconds(500)));
+    const CheckReport r = runReference(s, options(4));  // the default timeout: a slow run is not a hang
+    EXPECT_FALSE(endedByTheTimeout(r)) << describe(r);
     const compiler::VerifyReport v = compiler::verify(s);
     EXPECT_EQ(r.passed, v.proven) << describe(r) << describeVerify(v);
   }
@@ -581,25 +587,16 @@ TEST(ReferenceExecutor, ProblemsOnlyTheVerifierSees) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Performance: the 64-rank, 4-channel ring All-Reduce (32,256 steps, 32,256 messages) runs well under a second.
+// The 64-rank, 4-channel ring All-Reduce (32,256 steps, 32,256 messages: 64 threads) passes. Its speed (well under a
+// second) is measured by bench/sim_bench.cc (BM_ReferenceRingAllReduce), not asserted here.
 
-TEST(ReferenceExecutor, LargeRingAllReduceIsFast) {
+TEST(ReferenceExecutor, LargeRingAllReducePasses) {
   const Schedule s = fx::ringAllReduce({.nRanks = 64, .channels = 4});
-  // Best of three, so a loaded machine (64 threads on a couple of cores) does not make the test flaky.
-  std::chrono::microseconds best = std::chrono::microseconds::max();
-  for (int i = 0; i < 3; ++i) {
-    const CheckReport r = runReference(s, options(8));
-    ASSERT_TRUE(r.passed) << describe(r);
-    fmt::print("64-rank 4-channel ring all-reduce: {} steps in {:.1f} ms\n", core::totalSteps(s),
-               static_cast<double>(r.elapsed.count()) / 1000.0);
-    best = std::min(best, r.elapsed);
-  }
-  RecordProperty("best_elapsed_us", static_cast<int>(best.count()));
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-  EXPECT_LT(best, std::chrono::seconds(10));  // sanitizers slow the run down several times
-#else
-  EXPECT_LT(best, std::chrono::seconds(1));
-#endif
+  const CheckReport r = runReference(s, options(8));
+  ASSERT_TRUE(r.passed) << describe(r);
+  EXPECT_GT(r.elapsed.count(), 0);
+  fmt::print("64-rank 4-channel ring all-reduce: {} steps in {:.1f} ms\n", core::totalSteps(s),
+             static_cast<double>(r.elapsed.count()) / 1000.0);
 }
 
 }  // namespace

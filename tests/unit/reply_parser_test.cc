@@ -1,5 +1,4 @@
 // Programs out of model replies: the fence styles models use, bare programs in prose, and hostile input.
-#include <chrono>
 #include <string>
 #include <vector>
 
@@ -176,15 +175,14 @@ TEST(ReplyParser, EmptyAndProseOnlyReplies) {
   EXPECT_TRUE(extractPrograms("Use `allgather all by ring` inline.").empty());
 }
 
-TEST(ReplyParser, HugeInputIsLinear) {
-  // Many fence openers, long lines and header-like lines: quadratic work would take minutes here.
+TEST(ReplyParser, HugeInputEndsWithAtMostTheCap) {
+  // Many fence openers, long lines and header-like lines (quadratic work would take minutes here, and ctest's
+  // timeout would end it). That the work is linear is measured by bench/compile_bench.cc (BM_ExtractPrograms, with
+  // its complexity fit), not by a wall-clock limit here.
   std::string reply;
   for (int i = 0; i < 200000; ++i) reply += "```\nallgather x\n";
   reply += std::string(4u << 20, 'a');
-  const auto start = std::chrono::steady_clock::now();
   const Programs programs = extractPrograms(reply);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  EXPECT_LT(seconds, 5.0);
   EXPECT_LE(programs.size(), 256u);
 }
 

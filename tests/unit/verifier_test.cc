@@ -1,9 +1,7 @@
 #include "optiflow/compiler/verifier.h"
 
 #include <algorithm>
-#include <chrono>
 #include <climits>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -716,34 +714,22 @@ TEST(VerifierRobustness, RandomMutationsNeverCrash) {
   EXPECT_GT(rejected, 1000u);
 }
 
-// ---- speed -------------------------------------------------------------------------------------------------------
+// ---- large rings -------------------------------------------------------------------------------------------------
 
-// Time limits hold for optimised builds; debug and sanitizer builds only check the verdicts.
-#if defined(NDEBUG) && !defined(__SANITIZE_ADDRESS__)
-constexpr double kTimeScale = 1.0;
-#else
-constexpr double kTimeScale = 100.0;
-#endif
-
-TEST(VerifierSpeed, LargeRings) {
-  using Clock = std::chrono::steady_clock;
+// The verdicts on large rings. How fast the verifier is belongs to bench/compile_bench.cc (BM_VerifyRingAllReduce,
+// BM_VerifyRingAllGather): a wall-clock limit here would test the machine the suite runs on.
+TEST(VerifierLargeRings, AreProven) {
   {
     const Schedule s = fx::ringAllReduce(ring(64, 4));
-    const auto t0 = Clock::now();
     const VerifyReport r = verify(s);
-    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    EXPECT_TRUE(r.proven);
-    std::printf("ring AllReduce 64 ranks x 4 channels (%zu steps): %.1f ms\n", r.steps, ms);
-    EXPECT_LT(ms, 1000.0 * kTimeScale);
+    EXPECT_TRUE(r.proven) << dump(r);
+    EXPECT_EQ(r.steps, optiflow::core::totalSteps(s));
   }
   {
     const Schedule s = fx::ringAllGather(ring(512, 1));
-    const auto t0 = Clock::now();
     const VerifyReport r = verify(s);
-    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    EXPECT_TRUE(r.proven);
-    std::printf("ring AllGather 512 ranks x 1 channel (%zu steps): %.1f ms\n", r.steps, ms);
-    EXPECT_LT(ms, 5000.0 * kTimeScale);
+    EXPECT_TRUE(r.proven) << dump(r);
+    EXPECT_EQ(r.steps, optiflow::core::totalSteps(s));
   }
 }
 
@@ -801,10 +787,7 @@ TEST(VerifierSamples, VerdictsArePinned) {
     text << in.rdbuf();
     const auto s = optiflow::compiler::importMscclXml(text.str(), want.file);
     ASSERT_TRUE(s.ok()) << "import failed";
-    const auto t0 = std::chrono::steady_clock::now();
     const VerifyReport r = verify(*s);
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    EXPECT_LT(ms, 2000.0 * kTimeScale);
     EXPECT_EQ(r.proven, want.proven) << dump(r);
     EXPECT_EQ(r.steps, optiflow::core::totalSteps(*s));
     EXPECT_EQ(r.transfers, want.transfers) << dump(r);
