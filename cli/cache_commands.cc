@@ -1,4 +1,6 @@
 // `optiflow cache publish|show|verify|clear|rails`: the node's schedule cache (/dev/shm/optiflow-<namespace>), which
+
+#include "optiflow/core/text_file.h"
 // the NCCL tuner plugin reads when a communicator is created (and where the net plugin finds rail weights and counts
 // its traffic). Publishing proves every schedule a plan references first, so nothing unproven reaches a training job.
 #include <fcntl.h>
@@ -182,14 +184,6 @@ json itemJson(const sc::PlanItem& it) {
           {"schedule_id", it.scheduleId != 0 ? json(sc::formatHash(it.scheduleId)) : json(nullptr)},
           {"schedule_json", it.jsonPath.empty() ? json(nullptr) : json(it.jsonPath)},
           {"schedule_xml", it.xmlPath.empty() ? json(nullptr) : json(it.xmlPath)}};
-}
-
-std::optional<std::string> readBytes(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return std::move(ss).str();
 }
 
 void sortItems(std::vector<sc::PlanItem>& items) {
@@ -578,7 +572,7 @@ int runCacheVerify(const CacheArgs& args) {
         }
         // The cache names a schedule by its content: a file edited after publishing is not the proven one.
         if (path == &it.jsonPath && it.scheduleId != 0) {
-          const std::optional<std::string> bytes = readBytes(*path);
+          const std::optional<std::string> bytes = core::readWholeFile(*path);
           const std::uint64_t id = bytes ? synth::scheduleFileId(*bytes) : 0;
           if (id != it.scheduleId) {
             ++problems;

@@ -1,5 +1,7 @@
 #include "optiflow/compiler/msccl_xml.h"
 
+#include "optiflow/core/text_file.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -474,19 +476,6 @@ class Importer {
   std::string_view text_;
 };
 
-std::pair<int, int> lineColumn(std::string_view text, std::size_t offset) {
-  offset = std::min(offset, text.size());
-  int line = 1;
-  std::size_t lineStart = 0;
-  for (std::size_t i = 0; i < offset; ++i) {
-    if (text[i] == '\n') {
-      ++line;
-      lineStart = i + 1;
-    }
-  }
-  return {line, static_cast<int>(offset - lineStart) + 1};
-}
-
 // ---------------------------------------------------------------------------------------------------------------
 // Export
 
@@ -598,7 +587,7 @@ core::Result<Schedule> importMscclXml(std::string_view text, std::string_view fi
     try {
       return imp.run();
     } catch (const ImportError& e) {
-      auto [line, col] = lineColumn(text, e.offset);
+      auto [line, col] = core::lineColumn(text, e.offset);
       d.line = line;
       d.column = col;
       d.message = e.message;

@@ -1,5 +1,7 @@
 #include "optiflow/core/schedule_json.h"
 
+#include "optiflow/core/text_file.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -292,19 +294,6 @@ std::size_t locate(std::string_view text, const std::vector<Seg>& path) {
     found = pos;
   }
   return found;
-}
-
-std::pair<int, int> lineColumn(std::string_view text, std::size_t offset) {
-  offset = std::min(offset, text.size());
-  int line = 1;
-  std::size_t lineStart = 0;
-  for (std::size_t i = 0; i < offset; ++i) {
-    if (text[i] == '\n') {
-      ++line;
-      lineStart = i + 1;
-    }
-  }
-  return {line, static_cast<int>(offset - lineStart) + 1};
 }
 
 std::string describe(const json& v) {

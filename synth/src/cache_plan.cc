@@ -1,5 +1,7 @@
 #include "optiflow/synth/cache_plan.h"
 
+#include "optiflow/core/text_file.h"
+
 #include <exception>
 #include <fstream>
 #include <limits>
@@ -39,15 +41,6 @@ core::Collective toCore(schedcache::Collective c) {
       return core::Collective::AllReduce;
   }
   return core::Collective::Custom;
-}
-
-std::optional<std::string> readBytes(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return std::nullopt;
-  return std::move(ss).str();
 }
 
 // plan.json as run_dir.h reads it, converted into the cache's items: what the cache cannot hold is an error naming
@@ -125,7 +118,7 @@ class PlanLoader {
       schedcache::PlanItem& item = plan_.items[p.item];
       std::error_code ec;
       const std::optional<std::string> bytes =
-          fs::is_regular_file(item.jsonPath, ec) ? readBytes(item.jsonPath) : std::optional<std::string>();
+          fs::is_regular_file(item.jsonPath, ec) ? core::readWholeFile(item.jsonPath) : std::optional<std::string>();
       if (!bytes) {
         return core::Diagnostic{
             item.jsonPath, 0, 0,

@@ -1,5 +1,7 @@
 #include "json_walk.h"
 
+#include "optiflow/core/text_file.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -24,19 +26,6 @@ struct FieldError {
   JsonPath path;
   std::string message;
 };
-
-std::pair<int, int> lineColumn(std::string_view text, std::size_t offset) {
-  offset = std::min(offset, text.size());
-  int line = 1;
-  std::size_t lineStart = 0;
-  for (std::size_t i = 0; i < offset; ++i) {
-    if (text[i] == '\n') {
-      ++line;
-      lineStart = i + 1;
-    }
-  }
-  return {line, static_cast<int>(offset - lineStart) + 1};
-}
 
 // Walks text that nlohmann already accepted, so it can be forgiving: it only has to find where a value starts.
 class Scanner {
@@ -266,7 +255,7 @@ std::optional<core::Diagnostic> readJsonDocument(std::string_view text, const st
                                                  const std::function<void(const JsonNode&)>& read) {
   core::Diagnostic d{file, 0, 0, {}};
   auto place = [&](std::size_t offset) {
-    const auto [l, c] = lineColumn(text, offset);
+    const auto [l, c] = core::lineColumn(text, offset);
     d.line = firstLine + l - 1;
     d.column = c;
   };

@@ -1,5 +1,7 @@
 #include "optiflow/synth/run_dir.h"
 
+#include "optiflow/core/text_file.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,15 +33,6 @@ constexpr int kMaxInt = std::numeric_limits<int>::max();
 
 // ---------------------------------------------------------------------------------------------------------------
 // Files
-
-std::optional<std::string> readText(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return std::nullopt;
-  return std::move(ss).str();
-}
 
 core::Result<bool> writeText(const fs::path& file, std::string_view text) {
   std::ofstream out(file, std::ios::binary | std::ios::trunc);
@@ -371,7 +364,7 @@ core::Result<PlanFile> readPlan(const fs::path& file) {
     return core::Diagnostic{file.string(), 0, 0,
                             "no such file (expected the plan of a run directory of `optiflow synthesize`)"};
   }
-  const auto text = readText(file);
+  const auto text = core::readWholeFile(file);
   if (!text) return core::Diagnostic{file.string(), 0, 0, "cannot read the file"};
   return parsePlan(*text, file.string());
 }
@@ -447,7 +440,7 @@ core::Result<History> readHistory(const fs::path& file) {
   History h;
   std::error_code ec;
   if (!fs::exists(file, ec)) return h;
-  const auto text = readText(file);
+  const auto text = core::readWholeFile(file);
   if (!text) return core::Diagnostic{file.string(), 0, 0, "cannot read the file"};
   std::size_t start = 0;
   int lineNo = 0;
@@ -478,7 +471,7 @@ core::Result<HistoryWriter> HistoryWriter::open(const fs::path& file) {
   if (file.has_parent_path()) fs::create_directories(file.parent_path(), ec);
   if (fs::is_regular_file(file, ec)) {
     // A torn last line (no newline): cut it off, or the next record would be glued to it.
-    const auto text = readText(file);
+    const auto text = core::readWholeFile(file);
     if (!text) return core::Diagnostic{file.string(), 0, 0, "cannot read the file"};
     if (!text->empty() && text->back() != '\n') {
       const std::size_t keep = text->rfind('\n') == std::string::npos ? 0 : text->rfind('\n') + 1;
