@@ -23,8 +23,6 @@ using core::Topology;
 
 constexpr int kAlgoTree = static_cast<int>(NcclAlgo::Tree);
 constexpr int kAlgoRing = static_cast<int>(NcclAlgo::Ring);
-constexpr int kAlgoNvls = static_cast<int>(NcclAlgo::Nvls);
-constexpr int kAlgoNvlsTree = static_cast<int>(NcclAlgo::NvlsTree);
 constexpr int kAlgoPat = static_cast<int>(NcclAlgo::Pat);
 constexpr int kLL = static_cast<int>(NcclProto::LL);
 constexpr int kLL128 = static_cast<int>(NcclProto::LL128);
