@@ -46,7 +46,7 @@ std::string nativeName(const synth::NativeChoice& n) {
 // One line per round (and, on a terminal, a line rewritten per candidate).
 class ProgressPrinter {
  public:
-  ProgressPrinter(bool quiet, int rounds) : quiet_(quiet), tty_(isatty(STDERR_FILENO) != 0), rounds_(rounds) {}
+  explicit ProgressPrinter(bool quiet) : quiet_(quiet), tty_(isatty(STDERR_FILENO) != 0) {}
 
   void operator()(const synth::ProgressEvent& e) {
     if (quiet_) return;
@@ -86,7 +86,6 @@ class ProgressPrinter {
  private:
   bool quiet_;
   bool tty_;
-  int rounds_;
   int ok_ = 0;
   int rejected_ = 0;
 };
@@ -227,7 +226,7 @@ int runSynthesize(const SynthArgs& a) {
     fmt::print(stderr, "optiflow: {}\n", synthesis.error().str());
     return kExitBadInput;
   }
-  ProgressPrinter printer(a.quiet, cfg.rounds);
+  ProgressPrinter printer(a.quiet);
   synth::SynthesisHooks hooks;
   hooks.progress = [&](const synth::ProgressEvent& e) { printer(e); };
   const synth::SynthesisOutcome ran = synthesis->run(hooks);
