@@ -6,7 +6,7 @@ OPTIFLOW := $(BUILD_DIR)/cli/optiflow
 DEMO_DIR := $(BUILD_DIR)/demo
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps configure build test demo bench asan fuzz format format-check clean package package-test k8s-check
+.PHONY: all deps configure build test demo bench asan tsan clang fuzz format format-check clean package package-test k8s-check
 
 all: build
 
@@ -65,6 +65,17 @@ bench: build
 # The sanitizer build CI runs as well.
 asan:
 	@$(MAKE) --no-print-directory test PRESET=asan-ubsan
+
+# The threaded suites (label `threads`) under ThreadSanitizer: the tsan preset builds only them.
+tsan: deps
+	@cmake --preset tsan >/dev/null
+	@cmake --build --preset tsan -j $(JOBS)
+	@ctest --preset tsan
+
+# The product (libraries, plugins, CLI, daemon) built with clang, warnings as errors.
+clang: deps
+	@cmake --preset clang >/dev/null
+	@cmake --build --preset clang -j $(JOBS)
 
 # libFuzzer targets (clang); see tests/fuzz/README.md.
 fuzz: deps
