@@ -140,7 +140,8 @@ struct IbOptions {
   int trafficClass = 0;
 };
 
-enum class TransportKind { kAuto, kTcp, kIb };
+// Which transport a plugin uses; kTcp and kIb are also the kind byte of a connection handle (wire.h).
+enum class TransportKind : std::uint8_t { kAuto = 0, kTcp = 1, kIb = 2 };
 
 struct Options {
   TransportKind kind = TransportKind::kAuto;

@@ -23,7 +23,8 @@ inline constexpr std::uint16_t kWireVersion = 1;
 inline constexpr int kMaxRails = 4;     // addresses in a handle
 inline constexpr int kMaxStreams = 16;  // streams of one connection, over all rails
 
-enum class TransportKind : std::uint8_t { kTcp = 1, kIb = 2 };
+// A handle says which transport made it in its kind byte: TransportKind::kTcp or kIb (transport.h), never kAuto.
+using optiflow::net::TransportKind;
 
 // This build's identity: a connection from a handle or hello with another buildId is refused (the frame layout may
 // differ). Derived from the wire version and OPTIFLOW_VERSION.
