@@ -47,7 +47,7 @@ function(optiflow_add_test name)
     optiflow_threaded_test(${name})
   endif()
   add_executable(${name} ${ARG_SOURCES})
-  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} optiflow_test_support GTest::gtest GTest::gmock GTest::gtest_main)
   target_compile_definitions(${name} PRIVATE OPTIFLOW_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
                                              OPTIFLOW_SAMPLES_DIR="${OPTIFLOW_SAMPLES_DIR}")
   optiflow_target_settings(${name})

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "abi_test_support.h"
+#include "nccl_net_host.h"
 #include "optiflow/net/wire.h"
 #include "optiflow/plugin/abi/nccl_net.h"
 #include "optiflow/plugin/params.h"
@@ -41,102 +42,9 @@ bool anyLineHas(const std::vector<std::string>& lines, std::string_view needle) 
   return false;
 }
 
-// NCCL's per-version shims in one place: the test drives whichever table it was given.
-class NetApi {
- public:
-  NetApi(void* lib, int abi) : abi_(abi) {
-    void* t = dlsym(lib, ("ncclNetPlugin_v" + std::to_string(abi)).c_str());
-    if (abi == 9) v9_ = static_cast<const ncclNet_v9_t*>(t);
-    if (abi == 10) v10_ = static_cast<const ncclNet_v10_t*>(t);
-    if (abi == 11) v11_ = static_cast<const ncclNet_v11_t*>(t);
-    if (abi == 12) v12_ = static_cast<const ncclNet_v12_t*>(t);
-  }
-  bool ok() const { return v9_ || v10_ || v11_ || v12_; }
-  int abi() const { return abi_; }
-  ncclResult_t init() {
-    ncclNetCommConfig_v11_t config{NCCL_NET_TRAFFIC_CLASS_UNDEF};
-    if (v9_) return v9_->init(captureLogger);
-    if (v10_) return v10_->init(captureLogger, nullptr);
-    if (v11_) return v11_->init(&ctx_, 7, &config, captureLogger, nullptr);
-    return v12_->init(&ctx_, 7, &config, captureLogger, nullptr);
-  }
-  ncclResult_t finalize() {
-    if (v11_) return v11_->finalize(ctx_);
-    if (v12_) return v12_->finalize(ctx_);
-    return ncclSuccess;
-  }
-  ncclResult_t listen(int dev, void* handle, void** lc) {
-    if (v9_) return v9_->listen(dev, handle, lc);
-    if (v10_) return v10_->listen(dev, handle, lc);
-    if (v11_) return v11_->listen(ctx_, dev, handle, lc);
-    return v12_->listen(ctx_, dev, handle, lc);
-  }
-  ncclResult_t connect(int dev, void* handle, void** sc) {
-    ncclNetDeviceHandle_v9_t* devComm = nullptr;
-    ncclNetCommConfig_v10_t config{NCCL_NET_TRAFFIC_CLASS_UNDEF};
-    if (v9_) return v9_->connect(dev, handle, sc, &devComm);
-    if (v10_) return v10_->connect(dev, &config, handle, sc, &devComm);
-    if (v11_) return v11_->connect(ctx_, dev, handle, sc, &devComm);
-    return v12_->connect(ctx_, dev, handle, sc, &devComm);
-  }
-  ncclResult_t isend(void* sc, void* data, size_t size, int tag, void* mh, void** req) {
-    if (v9_) return v9_->isend(sc, data, size, tag, mh, req);
-    return v10plus([&](auto* t) { return t->isend(sc, data, size, tag, mh, nullptr, req); });
-  }
-  ncclResult_t irecv(void* rc, int n, void** data, size_t* sizes, int* tags, void** mhs, void** req) {
-    if (v9_) return v9_->irecv(rc, n, data, sizes, tags, mhs, req);
-    void* phandles[8] = {};
-    return v10plus([&](auto* t) { return t->irecv(rc, n, data, sizes, tags, mhs, phandles, req); });
-  }
-  template <typename F>
-  ncclResult_t all(F f) {
-    if (v9_) return f(v9_);
-    return v10plus(f);
-  }
-  ncclResult_t devices(int* n) {
-    return all([&](auto* t) { return t->devices(n); });
-  }
-  ncclResult_t accept(void* lc, void** rc) {
-    ncclNetDeviceHandle_v9_t* devComm = nullptr;
-    return all([&](auto* t) { return t->accept(lc, rc, &devComm); });
-  }
-  ncclResult_t regMr(void* comm, void* data, size_t size, void** mh) {
-    return all([&](auto* t) { return t->regMr(comm, data, size, NCCL_PTR_HOST, mh); });
-  }
-  ncclResult_t deregMr(void* comm, void* mh) {
-    return all([&](auto* t) { return t->deregMr(comm, mh); });
-  }
-  ncclResult_t test(void* req, int* done, int* sizes) {
-    return all([&](auto* t) { return t->test(req, done, sizes); });
-  }
-  ncclResult_t closeSend(void* c) {
-    return all([&](auto* t) { return t->closeSend(c); });
-  }
-  ncclResult_t closeRecv(void* c) {
-    return all([&](auto* t) { return t->closeRecv(c); });
-  }
-  ncclResult_t closeListen(void* c) {
-    return all([&](auto* t) { return t->closeListen(c); });
-  }
-  const ncclNet_v9_t* v9() const { return v9_; }
-  const ncclNet_v10_t* v10() const { return v10_; }
-  const ncclNet_v11_t* v11() const { return v11_; }
-  const ncclNet_v12_t* v12() const { return v12_; }
-  void* ctx() const { return ctx_; }
-
- private:
-  template <typename F>
-  ncclResult_t v10plus(F f) {
-    if (v10_) return f(v10_);
-    if (v11_) return f(v11_);
-    return f(v12_);
-  }
-  int abi_;
-  void* ctx_ = nullptr;
-  const ncclNet_v9_t* v9_ = nullptr;
-  const ncclNet_v10_t* v10_ = nullptr;
-  const ncclNet_v11_t* v11_ = nullptr;
-  const ncclNet_v12_t* v12_ = nullptr;
+// NCCL's per-version shims in one place (tests/support/nccl_net_host.h), logging into the captured log.
+struct NetApi : optiflow::testsupport::NcclNetHost {
+  NetApi(void* lib, int abi) : NcclNetHost(captureLogger, 7) { load(lib, abi); }
 };
 
 // A private copy of the library with loopback-only settings in a clean environment. Never dlclose'd, like NCCL keeps

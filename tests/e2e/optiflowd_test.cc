@@ -27,8 +27,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "../abi/abi_test_support.h"
 #include "../unit/llm_test_support.h"
+#include "abi_test_support.h"
 #include "optiflow/schedcache/plan.h"
 #include "optiflow/schedcache/reader.h"
 #include "optiflowd_test_support.h"

@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "nccl_net_host.h"
 #include "optiflow/plugin/abi/nccl_net.h"
 
 namespace {
@@ -50,95 +51,7 @@ void logger(ncclDebugLogLevel level, unsigned long /*flags*/, const char* /*file
   va_end(args);
 }
 
-// The four table versions behind one interface (what NCCL's per-version shims do).
-class NetApi {
- public:
-  bool load(void* lib, int abi) {
-    const std::string symbol = "ncclNetPlugin_v" + std::to_string(abi);
-    void* t = dlsym(lib, symbol.c_str());
-    if (t == nullptr) return false;
-    v9_ = abi == 9 ? static_cast<const ncclNet_v9_t*>(t) : nullptr;
-    v10_ = abi == 10 ? static_cast<const ncclNet_v10_t*>(t) : nullptr;
-    v11_ = abi == 11 ? static_cast<const ncclNet_v11_t*>(t) : nullptr;
-    v12_ = abi == 12 ? static_cast<const ncclNet_v12_t*>(t) : nullptr;
-    return v9_ || v10_ || v11_ || v12_;
-  }
-  ncclResult_t init() {
-    ncclNetCommConfig_v11_t config{NCCL_NET_TRAFFIC_CLASS_UNDEF};
-    if (v9_) return v9_->init(logger);
-    if (v10_) return v10_->init(logger, nullptr);
-    if (v11_) return v11_->init(&ctx_, 0x1234, &config, logger, nullptr);
-    return v12_->init(&ctx_, 0x1234, &config, logger, nullptr);
-  }
-  ncclResult_t finalize() {
-    if (v11_) return v11_->finalize(ctx_);
-    if (v12_) return v12_->finalize(ctx_);
-    return ncclSuccess;
-  }
-  ncclResult_t listen(int dev, void* handle, void** lc) {
-    if (v9_) return v9_->listen(dev, handle, lc);
-    if (v10_) return v10_->listen(dev, handle, lc);
-    if (v11_) return v11_->listen(ctx_, dev, handle, lc);
-    return v12_->listen(ctx_, dev, handle, lc);
-  }
-  ncclResult_t connect(int dev, void* handle, void** sc) {
-    ncclNetDeviceHandle_v9_t* devComm = nullptr;
-    ncclNetCommConfig_v10_t config{NCCL_NET_TRAFFIC_CLASS_UNDEF};
-    if (v9_) return v9_->connect(dev, handle, sc, &devComm);
-    if (v10_) return v10_->connect(dev, &config, handle, sc, &devComm);
-    if (v11_) return v11_->connect(ctx_, dev, handle, sc, &devComm);
-    return v12_->connect(ctx_, dev, handle, sc, &devComm);
-  }
-  ncclResult_t isend(void* sc, void* data, size_t size, int tag, void* mh, void** req) {
-    if (v9_) return v9_->isend(sc, data, size, tag, mh, req);
-    return v10plus([&](auto* t) { return t->isend(sc, data, size, tag, mh, nullptr, req); });
-  }
-  ncclResult_t irecv(void* rc, int n, void** data, size_t* sizes, int* tags, void** mhs, void** req) {
-    if (v9_) return v9_->irecv(rc, n, data, sizes, tags, mhs, req);
-    void* phandles[8] = {};
-    return v10plus([&](auto* t) { return t->irecv(rc, n, data, sizes, tags, mhs, phandles, req); });
-  }
-  ncclResult_t accept(void* lc, void** rc) {
-    ncclNetDeviceHandle_v9_t* devComm = nullptr;
-    return all([&](auto* t) { return t->accept(lc, rc, &devComm); });
-  }
-  ncclResult_t regMr(void* comm, void* data, size_t size, void** mh) {
-    return all([&](auto* t) { return t->regMr(comm, data, size, NCCL_PTR_HOST, mh); });
-  }
-  ncclResult_t deregMr(void* comm, void* mh) {
-    return all([&](auto* t) { return t->deregMr(comm, mh); });
-  }
-  ncclResult_t test(void* req, int* done, int* sizes) {
-    return all([&](auto* t) { return t->test(req, done, sizes); });
-  }
-  ncclResult_t closeSend(void* c) {
-    return all([&](auto* t) { return t->closeSend(c); });
-  }
-  ncclResult_t closeRecv(void* c) {
-    return all([&](auto* t) { return t->closeRecv(c); });
-  }
-  ncclResult_t closeListen(void* c) {
-    return all([&](auto* t) { return t->closeListen(c); });
-  }
-
- private:
-  template <typename F>
-  ncclResult_t all(F f) {
-    if (v9_) return f(v9_);
-    return v10plus(f);
-  }
-  template <typename F>
-  ncclResult_t v10plus(F f) {
-    if (v10_) return f(v10_);
-    if (v11_) return f(v11_);
-    return f(v12_);
-  }
-  void* ctx_ = nullptr;
-  const ncclNet_v9_t* v9_ = nullptr;
-  const ncclNet_v10_t* v10_ = nullptr;
-  const ncclNet_v11_t* v11_ = nullptr;
-  const ncclNet_v12_t* v12_ = nullptr;
-};
+using optiflow::testsupport::NcclNetHost;
 
 struct Args {
   std::string plugin;
@@ -283,7 +196,7 @@ bool fromHex(const std::string& s, std::uint8_t* out, std::size_t n) {
 
 struct Peer {
   Args a;
-  NetApi net;
+  NcclNetHost net{logger, 0x1234};
   Clock::time_point deadline;
   bool failed = false;  // a plugin call returned an error
 

@@ -12,6 +12,8 @@
 
 #include "optiflow/synth/report.h"
 
+#include "temp_dir.h"
+
 namespace optiflow::synth {
 namespace {
 
@@ -63,32 +65,7 @@ constexpr std::string_view kHistory =
 {"id": "r1c2", "round": 1, "origin": "llm", "name": "x", "text": "...", "stage": "expand", "errors": "bad", "sizes": []}
 )";
 
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() / ("optiflow-report-" + std::to_string(::getpid()) + "-" +
-                                         std::to_string(counter++) + "-" + (info ? info->name() : "x"));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  const fs::path& path() const { return path_; }
-  void write(const std::string& name, std::string_view text) const {
-    std::ofstream out(path_ / name, std::ios::binary | std::ios::trunc);
-    out << text;
-  }
-
- private:
-  fs::path path_;
-};
+using optiflow::testsupport::TempDir;
 
 std::size_t count(std::string_view haystack, std::string_view needle) {
   std::size_t n = 0;

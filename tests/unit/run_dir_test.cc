@@ -28,6 +28,8 @@
 #include "optiflow/synth/loop.h"
 #include "optiflow/synth/run_dir.h"
 
+#include "temp_dir.h"
+
 namespace optiflow::synth {
 namespace {
 
@@ -42,30 +44,7 @@ json planToJson(const core::Topology& t, const SynthConfig& c, const SynthResult
   return json::parse(formatPlan(makePlan(t, c, r, i)));
 }
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() / fmt::format("optiflow-plan-{}-{}", ::getpid(),
-                                                    ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-  fs::path write(const std::string& name, const std::string& text) const {
-    const fs::path p = path_ / name;
-    std::ofstream(p, std::ios::binary) << text;
-    return p;
-  }
-
- private:
-  fs::path path_;
-};
+using optiflow::testsupport::TempDir;
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
