@@ -27,6 +27,9 @@
 
 #include "optiflow/net/wire.h"
 
+#include "child_process.h"
+#include "temp_dir.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -35,7 +38,6 @@ using namespace std::chrono_literals;
 
 const std::string kPeer = OPTIFLOW_NET_PEER;
 const std::string kPlugin = OPTIFLOW_NET_PLUGIN;
-constexpr int kTimedOut = 1000;
 
 std::string readFile(const std::string& path) {
   std::ifstream in(path);
@@ -44,112 +46,9 @@ std::string readFile(const std::string& path) {
   return ss.str();
 }
 
-class TempDir {
- public:
-  TempDir() {
-    char t[] = "/tmp/optiflow-netmp-XXXXXX";
-    path_ = mkdtemp(t) != nullptr ? t : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-// One child process with stdout/stderr in files; SIGKILLed and reaped on destruction if still running.
-class Process {
- public:
-  Process(const std::vector<std::string>& argv, const std::vector<std::pair<std::string, std::string>>& env,
-          const std::string& outPrefix)
-      : out_(outPrefix + ".out"), err_(outPrefix + ".err") {
-    pid_ = fork();
-    if (pid_ == 0) {
-      const int o = ::open(out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      const int e = ::open(err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      if (o < 0 || e < 0) _exit(127);
-      dup2(o, 1);
-      dup2(e, 2);
-      for (char** p = environ; *p != nullptr;) {  // only the variables the test sets reach the plugin
-        const std::string entry(*p);
-        if (entry.rfind("OPTIFLOW_", 0) == 0) {
-          ::unsetenv(entry.substr(0, entry.find('=')).c_str());
-          p = environ;
-          continue;
-        }
-        ++p;
-      }
-      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-      std::vector<char*> args;
-      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      execvp(args[0], args.data());
-      _exit(127);
-    }
-  }
-  ~Process() {
-    if (running()) {
-      ::kill(pid_, SIGKILL);
-      int status = 0;
-      waitpid(pid_, &status, 0);
-    }
-  }
-  Process(const Process&) = delete;
-  Process& operator=(const Process&) = delete;
-
-  bool running() const { return pid_ > 0 && !reaped_; }
-  pid_t pid() const { return pid_; }
-  void kill(int sig) { ::kill(pid_, sig); }
-
-  // Exit code; 128+signal when killed by a signal; kTimedOut (after SIGKILL) when it outlived the deadline.
-  int wait(std::chrono::milliseconds limit) {
-    if (reaped_) return code_;
-    const auto deadline = Clock::now() + limit;
-    while (true) {
-      int status = 0;
-      const pid_t r = waitpid(pid_, &status, WNOHANG);
-      if (r == pid_) {
-        reaped_ = true;
-        code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        return code_;
-      }
-      if (Clock::now() > deadline) {
-        ::kill(pid_, SIGKILL);
-        waitpid(pid_, &status, 0);
-        reaped_ = true;
-        code_ = kTimedOut;
-        return code_;
-      }
-      std::this_thread::sleep_for(5ms);
-    }
-  }
-  bool waitForOutput(const std::string& needle, std::chrono::milliseconds limit) {
-    const auto deadline = Clock::now() + limit;
-    while (Clock::now() < deadline) {
-      if (readFile(out_).find(needle) != std::string::npos) return true;
-      int status = 0;
-      if (!reaped_ && waitpid(pid_, &status, WNOHANG) == pid_) {
-        reaped_ = true;
-        code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      if (reaped_) return readFile(out_).find(needle) != std::string::npos;
-      std::this_thread::sleep_for(5ms);
-    }
-    return false;
-  }
-  std::string out() const { return readFile(out_); }
-  std::string err() const { return readFile(err_); }
-  std::string dump() const { return "--- stdout\n" + out() + "--- stderr\n" + err(); }
-
- private:
-  pid_t pid_ = -1;
-  bool reaped_ = false;
-  int code_ = -1;
-  std::string out_, err_;
-};
+using Process = optiflow::testsupport::ChildProcess;
+using optiflow::testsupport::kTimedOut;
+using optiflow::testsupport::TempDir;
 
 std::vector<std::pair<std::string, std::string>> loopbackEnv() {
   return {{"OPTIFLOW_NET_TRANSPORT", "tcp"},
@@ -172,11 +71,11 @@ std::vector<std::unique_ptr<Process>> startRing(const TempDir& dir, int n, const
                                      "--recv-from",
                                      std::to_string((r + n - 1) % n),
                                      "--listen-out",
-                                     dir.path() + "/h" + std::to_string(r),
+                                     dir.path().string() + "/h" + std::to_string(r),
                                      "--connect-in",
-                                     dir.path() + "/h" + std::to_string((r + 1) % n)};
+                                     dir.path().string() + "/h" + std::to_string((r + 1) % n)};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    ranks.push_back(std::make_unique<Process>(argv, loopbackEnv(), dir.path() + "/rank" + std::to_string(r)));
+    ranks.push_back(std::make_unique<Process>(argv, loopbackEnv(), dir.path().string() + "/rank" + std::to_string(r)));
   }
   return ranks;
 }
@@ -202,16 +101,16 @@ TEST(NetMultiproc, TwoRanksBothDirectionsEverySize) {
 
 TEST(NetMultiproc, OneMessageOf256MiB) {
   TempDir dir;
-  const std::string h = dir.path() + "/h0";
+  const std::string h = dir.path().string() + "/h0";
   std::vector<std::unique_ptr<Process>> ranks;
   ranks.push_back(
       std::make_unique<Process>(std::vector<std::string>{kPeer, "--plugin", kPlugin, "--rank", "0", "--recv-from", "1",
                                                          "--listen-out", h, "--sizes", "256M", "--deadline-s", "90"},
-                                loopbackEnv(), dir.path() + "/rank0"));
+                                loopbackEnv(), dir.path().string() + "/rank0"));
   ranks.push_back(
       std::make_unique<Process>(std::vector<std::string>{kPeer, "--plugin", kPlugin, "--rank", "1", "--connect-in", h,
                                                          "--sizes", "256M", "--deadline-s", "90"},
-                                loopbackEnv(), dir.path() + "/rank1"));
+                                loopbackEnv(), dir.path().string() + "/rank1"));
   expectAllSucceed(ranks, 105s);  // the ranks' own 90 s deadline ends a hang first; under ctest's 120 s
   EXPECT_NE(ranks[0]->out().find("bytes=268435456"), std::string::npos) << ranks[0]->dump();
 }
@@ -264,7 +163,7 @@ class PeerKilled : public ::testing::TestWithParam<KillCase> {};
 
 TEST_P(PeerKilled, SurvivorReportsAnErrorWithinSeconds) {
   TempDir dir;
-  const std::string h = dir.path() + "/h0";
+  const std::string h = dir.path().string() + "/h0";
   const bool killSender = GetParam().killSender;
   std::vector<std::string> recvArgs = {kPeer,         "--plugin", kPlugin,        "--rank", "0",
                                        "--recv-from", "1",        "--listen-out", h,        "--sizes",
@@ -272,8 +171,8 @@ TEST_P(PeerKilled, SurvivorReportsAnErrorWithinSeconds) {
   std::vector<std::string> sendArgs = {kPeer,     "--plugin", kPlugin,    "--rank",       "1", "--connect-in", h,
                                        "--sizes", "64M",      "--stream", "--deadline-s", "60"};
   (killSender ? recvArgs : sendArgs).push_back("--expect-error");
-  Process receiver(recvArgs, loopbackEnv(), dir.path() + "/recv");
-  Process sender(sendArgs, loopbackEnv(), dir.path() + "/send");
+  Process receiver(recvArgs, loopbackEnv(), dir.path().string() + "/recv");
+  Process sender(sendArgs, loopbackEnv(), dir.path().string() + "/send");
   // Data is flowing: the victim is mid-stream (64 MiB messages back to back) when it dies.
   ASSERT_TRUE(receiver.waitForOutput("FIRST-RECEIVED", 30s)) << receiver.dump() << sender.dump();
   Process& victim = killSender ? sender : receiver;
@@ -379,8 +278,8 @@ bool failedWithRemoteError(const std::string& out) {
 std::unique_ptr<Process> listenerExpectingError(const TempDir& dir, const std::string& sizes) {
   return std::make_unique<Process>(
       std::vector<std::string>{kPeer, "--plugin", kPlugin, "--rank", "0", "--recv-from", "1", "--listen-out",
-                               dir.path() + "/h0", "--sizes", sizes, "--expect-error", "--deadline-s", "60"},
-      loopbackEnv(), dir.path() + "/listener");
+                               dir.path().string() + "/h0", "--sizes", sizes, "--expect-error", "--deadline-s", "60"},
+      loopbackEnv(), dir.path().string() + "/listener");
 }
 
 TEST(NetFaults, ConnectionResetAfterTheHello) {
@@ -388,7 +287,7 @@ TEST(NetFaults, ConnectionResetAfterTheHello) {
   auto listener = listenerExpectingError(dir, "1M");
   RawConnector raw;
   std::string error;
-  ASSERT_TRUE(raw.connectTo(dir.path() + "/h0", &error)) << error << listener->dump();
+  ASSERT_TRUE(raw.connectTo(dir.path().string() + "/h0", &error)) << error << listener->dump();
   ASSERT_TRUE(listener->waitForOutput("READY", 30s)) << "the hello was accepted\n" << listener->dump();
   raw.reset();
   EXPECT_EQ(listener->wait(45s), 0) << listener->dump();
@@ -401,7 +300,7 @@ TEST(NetFaults, GarbageAfterAValidHello) {
   auto listener = listenerExpectingError(dir, "4097");
   RawConnector raw;
   std::string error;
-  ASSERT_TRUE(raw.connectTo(dir.path() + "/h0", &error)) << error << listener->dump();
+  ASSERT_TRUE(raw.connectTo(dir.path().string() + "/h0", &error)) << error << listener->dump();
   ASSERT_TRUE(listener->waitForOutput("READY", 30s)) << listener->dump();
   std::vector<std::uint8_t> garbage(4096);
   std::uint64_t x = 0x243f6a8885a308d3ull;
@@ -418,14 +317,14 @@ TEST(NetFaults, GarbageAfterAValidHello) {
 // A frame header that claims more bytes than the posted receive holds: refused (NCCL's rule: smaller is an error).
 TEST(NetFaults, MessageLargerThanThePostedReceive) {
   TempDir dir;
-  const std::string h = dir.path() + "/h0";
+  const std::string h = dir.path().string() + "/h0";
   Process receiver({kPeer, "--plugin", kPlugin, "--rank", "0", "--recv-from", "1", "--listen-out", h, "--sizes", "4096",
                     "--expect-error", "--deadline-s", "60"},
-                   loopbackEnv(), dir.path() + "/recv");
+                   loopbackEnv(), dir.path().string() + "/recv");
   // The receiver's buffers hold 4096 bytes; the sender's message is 1 MiB.
   Process sender({kPeer, "--plugin", kPlugin, "--rank", "1", "--connect-in", h, "--sizes", "1M", "--deadline-s", "60",
                   "--expect-error"},
-                 loopbackEnv(), dir.path() + "/send");
+                 loopbackEnv(), dir.path().string() + "/send");
   EXPECT_EQ(receiver.wait(75s), 0) << receiver.dump();  // both processes stop by their 60 s deadline
   EXPECT_NE(receiver.err().find("[plugin WARN] OptiFlow/Net:"), std::string::npos) << receiver.dump();
   const int senderCode = sender.wait(30s);

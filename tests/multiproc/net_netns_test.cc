@@ -20,6 +20,9 @@
 #include <thread>
 #include <vector>
 
+#include "child_process.h"
+#include "temp_dir.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -28,14 +31,6 @@ using namespace std::chrono_literals;
 
 const std::string kPeer = OPTIFLOW_NET_PEER;
 const std::string kPlugin = OPTIFLOW_NET_PLUGIN;
-constexpr int kTimedOut = 1000;
-
-std::string readFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // Runs a shell command (bounded by `timeout`), returns its exit status and output.
 int sh(const std::string& cmd, std::string* out = nullptr) {
@@ -50,80 +45,9 @@ int sh(const std::string& cmd, std::string* out = nullptr) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-class TempDir {
- public:
-  TempDir() {
-    char t[] = "/tmp/optiflow-netns-XXXXXX";
-    path_ = mkdtemp(t) != nullptr ? t : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-// A child process with stdout/stderr in files, SIGKILLed and reaped on destruction if still running.
-class Process {
- public:
-  Process(const std::vector<std::string>& argv, const std::vector<std::pair<std::string, std::string>>& env,
-          const std::string& outPrefix)
-      : out_(outPrefix + ".out"), err_(outPrefix + ".err") {
-    pid_ = fork();
-    if (pid_ == 0) {
-      const int o = ::open(out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      const int e = ::open(err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      if (o < 0 || e < 0) _exit(127);
-      dup2(o, 1);
-      dup2(e, 2);
-      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-      std::vector<char*> args;
-      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      execvp(args[0], args.data());
-      _exit(127);
-    }
-  }
-  ~Process() {
-    if (pid_ > 0 && !reaped_) {
-      ::kill(pid_, SIGKILL);
-      int status = 0;
-      waitpid(pid_, &status, 0);
-    }
-  }
-  Process(const Process&) = delete;
-  Process& operator=(const Process&) = delete;
-
-  int wait(std::chrono::milliseconds limit) {
-    const auto deadline = Clock::now() + limit;
-    while (!reaped_) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        reaped_ = true;
-        code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      } else if (Clock::now() > deadline) {
-        ::kill(pid_, SIGKILL);
-        waitpid(pid_, &status, 0);
-        reaped_ = true;
-        code_ = kTimedOut;
-      } else {
-        std::this_thread::sleep_for(5ms);
-      }
-    }
-    return code_;
-  }
-  std::string dump() const { return "--- stdout\n" + readFile(out_) + "--- stderr\n" + readFile(err_); }
-  std::string out() const { return readFile(out_); }
-
- private:
-  pid_t pid_ = -1;
-  bool reaped_ = false;
-  int code_ = -1;
-  std::string out_, err_;
-};
+using Process = optiflow::testsupport::ChildProcess;
+using optiflow::testsupport::kTimedOut;
+using optiflow::testsupport::TempDir;
 
 // Two namespaces, rails added on demand: rail i is veth pair (va<i> in A, 10.77.<i+1>.1/24) <-> (vb<i> in B,
 // 10.77.<i+1>.2/24). Interface names are per namespace, so fixed names are fine; namespace names carry the pid.
@@ -213,13 +137,14 @@ void runPair(const TwoNamespaces& ns, const TempDir& dir, const std::vector<std:
                                      "--recv-from",
                                      std::to_string(1 - r),
                                      "--listen-out",
-                                     dir.path() + "/h" + std::to_string(r),
+                                     dir.path().string() + "/h" + std::to_string(r),
                                      "--connect-in",
-                                     dir.path() + "/h" + std::to_string(1 - r),
+                                     dir.path().string() + "/h" + std::to_string(1 - r),
                                      "--deadline-s",
                                      "60"};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    ranks.push_back(std::make_unique<Process>(argv, r == 0 ? envA : envB, dir.path() + "/rank" + std::to_string(r)));
+    ranks.push_back(
+        std::make_unique<Process>(argv, r == 0 ? envA : envB, dir.path().string() + "/rank" + std::to_string(r)));
   }
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(ranks[static_cast<std::size_t>(r)]->wait(90s), 0) << "rank " << r << "\n"
