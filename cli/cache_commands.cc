@@ -32,6 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "optiflow/core/env.h"
 #include "optiflow/core/units.h"
 #include "optiflow/schedcache/error.h"
 #include "optiflow/schedcache/layout.h"
@@ -48,26 +49,26 @@ namespace fs = std::filesystem;
 namespace sc = optiflow::schedcache;
 using nlohmann::json;
 
-// --namespace, else $OPTIFLOW_NAMESPACE (what the plugins read), else "default"; nullopt (reported) when invalid.
+// --namespace, else $OPTIFLOW_NAMESPACE (what the plugins read; core/env.h), else "default"; nullopt (reported) when
+// invalid.
 std::optional<std::string> resolveNamespace(const CacheArgs& args) {
-  std::string ns = args.ns;
-  const char* from = "--namespace";
-  if (ns.empty()) {
-    const char* env = std::getenv("OPTIFLOW_NAMESPACE");
-    if (env != nullptr && *env != '\0') {
-      ns = env;
-      from = "$OPTIFLOW_NAMESPACE";
-    } else {
-      ns = "default";
+  if (args.ns.empty()) {
+    const core::env::Value env =
+        core::env::read(core::env::find(core::env::kDaemonParams, "OPTIFLOW_NAMESPACE"), core::env::processEnv);
+    if (!env.error.empty()) {
+      fmt::print(stderr, "optiflow: {}\n", env.error);
+      return std::nullopt;
     }
+    return env.text ? std::string(*env.text) : std::string("default");
   }
-  if (!sc::validNamespace(ns)) {
+  if (!sc::validNamespace(args.ns)) {
     fmt::print(stderr,
-               "optiflow: invalid namespace \"{}\" (from {}): expected 1 to 64 characters of A-Z a-z 0-9 _ . -\n", ns,
-               from);
+               "optiflow: invalid namespace \"{}\" (from --namespace): expected 1 to 64 characters of A-Z a-z 0-9 _ . "
+               "-\n",
+               args.ns);
     return std::nullopt;
   }
-  return ns;
+  return args.ns;
 }
 
 std::string absentMessage(const std::string& ns) {

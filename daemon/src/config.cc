@@ -18,6 +18,7 @@
 #include <toml++/toml.h>
 
 #include "nccl_topo.h"
+#include "optiflow/core/env.h"
 #include "optiflow/core/units.h"
 #include "optiflow/schedcache/error.h"
 
@@ -466,46 +467,23 @@ Config readConfig(Reader& r, const toml::table& root) {
   return c;
 }
 
-core::Diagnostic envError(std::string_view var, std::string_view value, std::string_view expected) {
-  return core::Diagnostic{"", 0, 0, fmt::format("{}='{}': expected {}", var, value, expected)};
-}
-
-// The overrides of config.h, strictly parsed.
+// The overrides of config.h, through the registry (core/env.h: strict parsing, errors naming the variable).
 std::optional<core::Diagnostic> applyEnv(Config& c, GetEnv getEnv) {
   if (!getEnv) return std::nullopt;
-  auto value = [&](const char* name) -> std::optional<std::string> {
-    const char* v = getEnv(name);
-    if (!v || !*v) return std::nullopt;
-    return std::string(v);
-  };
-  if (auto v = value("OPTIFLOW_NAMESPACE")) {
-    if (!schedcache::validNamespace(*v)) {
-      return envError("OPTIFLOW_NAMESPACE", *v, "a namespace: 1-64 characters of [A-Za-z0-9_.-]");
-    }
-    c.ns = *v;
+  namespace env = core::env;
+  const env::Value ns = env::read(env::find(env::kDaemonParams, "OPTIFLOW_NAMESPACE"), getEnv);
+  const env::Value port = env::read(env::find(env::kDaemonParams, "OPTIFLOW_METRICS_PORT"), getEnv);
+  const env::Value level = env::read(env::find(env::kDaemonParams, "OPTIFLOW_LOG_LEVEL"), getEnv);
+  const env::Value proposer = env::read(env::find(env::kDaemonParams, "OPTIFLOW_PROPOSER"), getEnv);
+  const env::Value stateDir = env::read(env::find(env::kDaemonParams, "OPTIFLOW_STATE_DIR"), getEnv);
+  for (const env::Value* v : {&ns, &port, &level, &proposer, &stateDir}) {
+    if (!v->error.empty()) return core::Diagnostic{"", 0, 0, v->error};
   }
-  if (auto v = value("OPTIFLOW_METRICS_PORT")) {
-    int port = -1;
-    auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), port);
-    if (ec != std::errc() || end != v->data() + v->size() || port < 0 || port > 65535) {
-      return envError("OPTIFLOW_METRICS_PORT", *v, "a TCP port in 0..65535 (0: any free port)");
-    }
-    c.metricsPort = port;
-  }
-  if (auto v = value("OPTIFLOW_LOG_LEVEL")) {
-    if (std::find(std::begin(kLogLevels), std::end(kLogLevels), *v) == std::end(kLogLevels)) {
-      return envError("OPTIFLOW_LOG_LEVEL", *v, fmt::format("one of {}", joinNames(kLogLevels)));
-    }
-    c.logLevel = *v;
-  }
-  if (auto v = value("OPTIFLOW_PROPOSER")) {
-    if (*v != "builtin" && *v != "llm") return envError("OPTIFLOW_PROPOSER", *v, "builtin or llm");
-    c.proposer = *v;
-  }
-  if (auto v = value("OPTIFLOW_STATE_DIR")) {
-    if (!fs::path(*v).is_absolute()) return envError("OPTIFLOW_STATE_DIR", *v, "an absolute directory path");
-    c.stateDir = fs::path(*v).lexically_normal();
-  }
+  if (ns.text) c.ns = std::string(*ns.text);
+  if (port.text) c.metricsPort = static_cast<int>(env::asInteger(*port.text));
+  if (level.text) c.logLevel = std::string(*level.text);
+  if (proposer.text) c.proposer = std::string(*proposer.text);
+  if (stateDir.text) c.stateDir = fs::path(*stateDir.text).lexically_normal();
   return std::nullopt;
 }
 
@@ -525,8 +503,6 @@ std::optional<core::Diagnostic> crossCheck(const Config& c, const Reader& r) {
 }
 
 }  // namespace
-
-const char* processEnv(const char* name) { return std::getenv(name); }
 
 core::Result<Config> parseConfig(std::string_view text, const fs::path& file, GetEnv getEnv) {
   const std::string name = file.string();

@@ -17,6 +17,8 @@
 #include <thread>
 #include <utility>
 
+#include "optiflow/core/env.h"
+
 namespace optiflow::synth {
 namespace {
 
@@ -333,8 +335,9 @@ core::Result<std::string> resolveApiKey(const std::optional<std::string>& keyFil
     if (key.empty()) return core::Diagnostic{*keyFile, 1, 0, "the API key file's first line is empty"};
     return std::string(key);
   }
-  if (const char* env = std::getenv("OPTIFLOW_LLM_API_KEY"); env != nullptr) return std::string(trimView(env));
-  return std::string();
+  const core::env::Value env =
+      core::env::read(core::env::find(core::env::kDaemonParams, "OPTIFLOW_LLM_API_KEY"), core::env::processEnv);
+  return env.text ? std::string(trimView(*env.text)) : std::string();
 }
 
 }  // namespace optiflow::synth

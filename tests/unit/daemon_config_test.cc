@@ -2,13 +2,16 @@
 // directory; the NCCL topology dump reader; and the example config shipped in daemon/etc.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <future>
 #include <map>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <utility>
 
 #include <gtest/gtest.h>
 
@@ -357,6 +360,30 @@ TEST_F(ConfigTest, BadOverridesNameTheVariable) {
   env()["OPTIFLOW_PROPOSER"] = "llm";
   EXPECT_NE(error(kMinimal).find("(from OPTIFLOW_PROPOSER): needs [llm] endpoint"), std::string::npos)
       << error(kMinimal);
+}
+
+// Every value an enum override of the registry (core::env::kDaemonParams) accepts, the file's key accepts too.
+TEST_F(ConfigTest, EnumOverridesAcceptWhatTheirKeysAccept) {
+  const std::pair<const char*, const char*> overrides[] = {{"OPTIFLOW_LOG_LEVEL", "[log]\nlevel"},
+                                                           {"OPTIFLOW_PROPOSER", "[synthesis]\nproposer"}};
+  for (const auto& [var, key] : overrides) {
+    for (const core::env::ParamSpec& spec : core::env::kDaemonParams) {
+      if (std::string_view(spec.name) != var) continue;
+      ASSERT_EQ(spec.type, core::env::ParamType::kEnum) << var;
+      std::string_view allowed = spec.allowed;
+      while (!allowed.empty()) {
+        const std::string value(allowed.substr(0, allowed.find('|')));
+        allowed.remove_prefix(std::min(allowed.size(), value.size() + 1));
+        env().clear();
+        env()[var] = value;
+        std::string text = std::string(kMinimal) + key + " = \"" + value + "\"\n";
+        if (value == "llm") text += "[llm]\nendpoint = \"http://127.0.0.1:8000/v1\"\nmodel = \"m\"\n";
+        EXPECT_TRUE(parse(text).ok()) << var << "=" << value << ": " << parse(text).error().str();
+        env().clear();
+        EXPECT_TRUE(parse(text).ok()) << key << " = " << value << ": " << parse(text).error().str();
+      }
+    }
+  }
 }
 
 TEST_F(ConfigTest, LoadConfigReadsFilesAndNamesMissingOnes) {

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "optiflow/core/env.h"
 #include "optiflow/core/error.h"
 #include "optiflow/core/topology.h"
 
@@ -78,14 +79,15 @@ struct Config {
 };
 
 // Reads an environment variable (nullptr: unset). A null GetEnv means "no environment" (tests).
-using GetEnv = const char* (*)(const char*);
+using core::env::GetEnv;
 // The process environment (std::getenv), for the daemon and the CLI.
-const char* processEnv(const char* name);
+using core::env::processEnv;
 
 // Reads and validates `file`, then applies overrides: OPTIFLOW_NAMESPACE, OPTIFLOW_METRICS_PORT,
-// OPTIFLOW_LOG_LEVEL, OPTIFLOW_PROPOSER, OPTIFLOW_STATE_DIR (an override that does not parse is an error naming the
-// variable). Errors: "optiflowd.toml:12: [budget] cpu_cores = 0: expected a number of cores in 0.05..64".
-// A variable set to the empty string counts as unset. Relative paths in the file are relative to its directory.
+// OPTIFLOW_LOG_LEVEL, OPTIFLOW_PROPOSER, OPTIFLOW_STATE_DIR (core::env::kDaemonParams; an override that does not
+// parse is an error naming the variable). Errors: "optiflowd.toml:12: [budget] cpu_cores = 0: expected a number of
+// cores in 0.05..64". A variable set to the empty string counts as unset. Relative paths in the file are relative to
+// its directory.
 core::Result<Config> loadConfig(const std::filesystem::path& file, GetEnv getEnv);
 // The same over text already read; `file` names it in diagnostics and anchors relative paths.
 core::Result<Config> parseConfig(std::string_view text, const std::filesystem::path& file, GetEnv getEnv);

@@ -1,35 +1,20 @@
-// Every OPTIFLOW_* variable the plugins read, in one typed registry: name, type, default and documentation
-// together (docs/schedcache.md renders this table; a test checks the two agree). Values are read once, at tuner
-// init and at net plugin init, and parsed strictly: a value that does not parse is an error naming the variable, the
-// value and what was expected, never a silent default.
+// Every OPTIFLOW_* variable the plugins read, in the typed registry form of optiflow/core/env.h: name, type, default
+// and documentation together (docs/schedcache.md shows describeParams(); a test checks the two agree). Values are
+// read once, at tuner init and at net plugin init, and parsed strictly: a value that does not parse is an error
+// naming the variable, the value and what was expected, never a silent default.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
+
+#include "optiflow/core/env.h"
 
 namespace optiflow::plugin {
 
-enum class ParamType {
-  kBool,
-  kEnum,
-  kNamespace,
-  kPlanHash,
-  kSeconds,
-  kIntRange,    // decimal integer within `allowed` ("1-16")
-  kIfnameList,  // comma list of network interface names
-  kBytes,       // decimal bytes, optional K/M/G suffix (KiB, MiB, GiB), at most 1 GiB
-};
-
-struct ParamSpec {
-  const char* name;
-  ParamType type;
-  const char* defaultValue;  // as a user would write it; "" for unset
-  const char* allowed;       // kEnum: values separated by '|'; kIntRange: "min-max"
-  const char* doc;
-};
+using core::env::ParamSpec;
+using core::env::ParamType;
 
 inline constexpr ParamSpec kParams[] = {
     {"OPTIFLOW_TUNER", ParamType::kEnum, "on", "on|off",
@@ -76,13 +61,14 @@ struct Params {
   std::uint64_t netMinStripeBytes = 262144;
 };
 
-using GetEnv = const char* (*)(const char*);
+using core::env::GetEnv;
 
 // Reads every variable of kParams through getEnv (std::getenv in the plugin; a fake in tests). false with *error
 // ("OPTIFLOW_PLAN='xyz': expected 16 hex digits ...") on the first value that does not parse.
 bool readParams(GetEnv getEnv, Params* out, std::string* error);
 
-// OPTIFLOW_* names in envp that the registry does not know (likely typos), for a warning at init.
+// OPTIFLOW_* names in envp that neither kParams nor core::env::kDaemonParams knows (likely typos), for a warning at
+// init; a job environment that also serves optiflowd or the CLI is not warned about their variables.
 std::vector<std::string> unknownParams(char** envp);
 
 // A Markdown table of kParams (name, default, meaning).

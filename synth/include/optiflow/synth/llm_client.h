@@ -56,7 +56,7 @@ class LlmClient {
 };
 
 // The API key: the file's first line when keyFile is set (an unreadable file is an error naming it), else the
-// OPTIFLOW_LLM_API_KEY environment variable, else empty.
+// OPTIFLOW_LLM_API_KEY environment variable (core::env::kDaemonParams), else empty.
 core::Result<std::string> resolveApiKey(const std::optional<std::string>& keyFile);
 
 }  // namespace optiflow::synth
