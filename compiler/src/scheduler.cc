@@ -1,215 +1,34 @@
 #include "optiflow/compiler/scheduler.h"
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
-#include <map>
 #include <memory>
 #include <new>
-#include <queue>
-#include <unordered_map>
 
 #include <fmt/format.h>
 
 #include "optiflow/core/collective.h"
 #include "optiflow/core/schedule_json.h"
+#include "scheduler_internal.h"
 
 namespace optiflow::compiler {
 
-using core::BufferKind;
 using core::Collective;
 using core::IntentProgram;
 using core::Protocol;
-using core::Schedule;
-using core::StepOp;
 using core::Topology;
+
+namespace detail {
+
+using core::StepOp;
 using core::Transfer;
 using core::TransferKind;
 
 namespace {
 
-constexpr int kNone = -1;
-
-// Memory guards (about 40 bytes per rank-chunk pair and 200 per transfer at the peak).
-constexpr std::uint64_t kMaxStateEntries = std::uint64_t{1} << 27;
-constexpr std::uint64_t kMaxHops = std::uint64_t{1} << 24;
-
-// What every communicating step costs beyond its data in the list scheduler's estimate, by protocol (Simple, LL,
-// LL128): the simulator's calibrated per-step synchronisation (docs/simulator.md, SimParams::stepSyncUs).
-constexpr double kStepSyncUs[3] = {9.0, 0.0, 1.0};
 // Data bytes per wire byte, by protocol (docs/simulator.md, protocolEfficiency).
 constexpr double kProtocolEfficiency[3] = {1.0, 0.5, 120.0 / 128.0};
 
-struct Slot {
-  BufferKind buf = BufferKind::Input;
-  int index = kNone;  // kNone: the rank holds nothing of the chunk
-  bool valid() const { return index >= 0; }
-  friend bool operator==(const Slot&, const Slot&) = default;
-};
-
-enum class OpKind : std::uint8_t { Send, Recv, Copy };
-
-struct Op {
-  int rank = 0;
-  OpKind kind = OpKind::Send;
-  bool reduce = false;  // Recv: combine with the value at `src`
-  int hop = kNone;      // Send/Recv
-  Slot src;             // Send: what is read; Recv: the sender's slot (reduce: the local value combined); Copy: from
-  Slot dst;             // Send: the peer's slot; Recv/Copy: what is written
-  int depBegin = 0;
-  int depCount = 0;
-  int fusedSend = kNone;  // Recv: the Send op it forwards to (one receive-and-forward step)
-  int forwardTo = kNone;  // Recv: the first rank a send fed only by this receive goes to (fusion candidate)
-  bool absorbed = false;  // Send: part of a fused step
-  int fusedInto = kNone;  // Send: the Recv op whose step carries it
-  int tb = kNone;         // index into the rank's blocks
-  double dur = 0;         // estimated transfer time (Send) or local copy time
-  double up = 0;          // upward rank: this op's work plus the longest chain of work that depends on it
-};
-
-struct Hop {
-  int src = 0;
-  int dst = 0;
-  int chunk = 0;  // schedule chunk
-  int channel = 0;
-  int sendOp = kNone;
-  int recvOp = kNone;
-};
-
-struct Block {
-  int sendPeer = kNone;
-  int recvPeer = kNone;
-  int channel = 0;
-  std::vector<int> ops;
-};
-
-// Per rank: where every value lives and who touched every slot last, for the dependency derivation.
-struct RankState {
-  std::vector<Slot> loc;        // per schedule chunk: where the rank's current value is (index kNone: nothing)
-  std::vector<int> writer;      // per canonical slot: the last op that wrote it
-  std::vector<int> occupant;    // per canonical slot: the chunk whose current value lives there
-  std::vector<int> lastReader;  // per canonical slot: head of the list (in readerPool_) of ops that read it since
-  std::unordered_map<std::int64_t, int> scratchOf;  // (chunk, relay?) -> scratch index
-  int scratch = 0;
-};
-
-class Scheduler {
- public:
-  Scheduler(const IntentProgram& in, const Topology& topo, const CompileOptions& opt, int channels, int slices,
-            Protocol proto, bool paired)
-      : in_(in), topo_(topo), opt_(opt), ch_(channels), s_(slices), proto_(proto), paired_(paired) {}
-
-  // Builds hops, ops and dependencies; false with error_ set when the intent is inconsistent.
-  bool build();
-  // Fusion, thread-block assignment and the order of every block's steps; false with error_ set when the steps
-  // cannot be ordered (a dependency cycle through a connection's first-in-first-out order).
-  bool assign();
-  bool order();
-  Schedule emit() const;
-
-  // Without fusion every wait points to an earlier-created step, so ordering always succeeds: the fallback.
-  void disableFusion() { fuse_ = false; }
-  void keepCreationOrder() { creationOrder_ = true; }
-  int maxBlockSteps() const { return maxSteps_; }
-  int maxBlocksPerChannel() const { return maxPerChannel_; }
-  int maxBlocksPerRank() const { return maxPerRank_; }
-  std::size_t hops() const { return hops_.size(); }
-  std::size_t fused() const { return fused_; }
-  const std::string& error() const { return error_; }
-
- private:
-  int n() const { return in_.nRanks; }
-  // The channel of slice `j` of program chunk `chunk`. Up to one slice per channel, a chunk's slices travel side by
-  // side on different channels (schedule chunk c on channel c mod channels). With more slices than channels they
-  // travel one after another on one channel and the program chunks are spread over the channels instead, so the
-  // first slices of a chunk arrive (and can be forwarded) early rather than all slices at the end together.
-  int channelOf(int chunk, int j) const {
-    if (s_ <= ch_) return (chunk * s_ + j) % ch_;
-    if (ch_ == 1) return 0;
-    // The digit sum of the block in base `channels`, plus the part: blocks that a connection carries are often
-    // strided (the same GPU of every node: 8 apart), and a plain modulo would put them all on one channel.
-    const int parts = std::max(1, in_.parts);
-    int digits = 0;
-    for (int b = chunk / parts; b > 0; b /= ch_) digits += b % ch_;
-    return (digits + chunk % parts) % ch_;
-  }
-  int share() const { return in_.parts * s_; }  // schedule chunks per block
-  int chunksPerLoop() const {
-    const Collective c = in_.collective;
-    if (c == Collective::Broadcast || c == Collective::Reduce) return share();
-    return n() * share();
-  }
-  // Index of schedule chunk `sc` in the buffers of the collective (see docs/compiler.md, "Buffers").
-  Slot initialSlot(int rank, int sc) const;
-  Slot finalSlot(int rank, int sc) const;  // where the postcondition wants it, or invalid if not wanted here
-  bool finalHolder(int rank, int sc) const { return finalSlot(rank, sc).valid(); }
-  Slot receiveSlot(int rank, int sc);  // where a received (non-relayed) value is stored
-  Slot relaySlot(int rank, int sc);
-  Slot alternateSlot(int rank, int sc, Slot busy);
-  bool readInRound(int rank, Slot s, int firstOp);
-  int occupantOf(int rank, Slot s) {
-    RankState& st = st_[rank];
-    const int c = canonical(rank, s);
-    growSlots(st, c);
-    return st.occupant[c];
-  }
-  void setOccupant(int rank, Slot s, int chunk) {
-    RankState& st = st_[rank];
-    const int c = canonical(rank, s);
-    growSlots(st, c);
-    st.occupant[c] = chunk;
-  }
-  int canonical(int rank, Slot s) const;
-  void growSlots(RankState& st, int index);
-
-  int newOp(int rank, OpKind kind);
-  void addDep(std::vector<int>& deps, int op) {
-    if (op != kNone) deps.push_back(op);
-  }
-  void commitDeps(int op, std::vector<int>& deps);
-  // Reads / writes for the hazard tracking; each returns the ops the accessor must wait for.
-  void readDeps(int rank, Slot s, std::vector<int>& deps);
-  void noteRead(int rank, Slot s, int op);
-  void writeDeps(int rank, Slot s, std::vector<int>& deps);
-  void noteWrite(int rank, Slot s, int op);
-
-  void noteForward(int sendOp, int dst) {
-    const Op& o = ops_[sendOp];
-    if (o.depCount != 1) return;
-    Op& r = ops_[deps_[o.depBegin]];
-    if (r.kind == OpKind::Recv && r.forwardTo == kNone) r.forwardTo = dst;
-  }
-  double hopDuration(int src, int dst) const;
-  void estimate();
-  int blockFor(int rank, int channel, int sendPeer, int recvPeer, bool create);
-
-  const IntentProgram& in_;
-  const Topology& topo_;
-  const CompileOptions& opt_;
-  int ch_;
-  int s_;
-  Protocol proto_;
-  bool paired_;
-  bool fuse_ = true;
-  bool creationOrder_ = false;
-  std::string error_;
-
-  std::vector<Op> ops_;
-  std::vector<int> deps_;
-  std::vector<Hop> hops_;
-  std::vector<RankState> st_;
-  struct ReaderLink {
-    int op;
-    int next;
-  };
-  std::vector<ReaderLink> readerPool_;  // singly linked reader lists of all slots (one allocation, not one per slot)
-  std::vector<std::vector<Block>> blocks_;  // per rank
-  std::vector<int> scratchCount_;
-  std::size_t fused_ = 0;
-  int maxSteps_ = 0;
-  int maxPerChannel_ = 0;
-  int maxPerRank_ = 0;
-};
+}  // namespace
 
 Slot Scheduler::initialSlot(int rank, int sc) const {
   const int k = share();
@@ -377,136 +196,151 @@ void Scheduler::noteWrite(int rank, Slot s, int op) {
 
 bool Scheduler::build() {
   const int c = in_.nChunks() * s_;  // schedule chunks (All-to-All has more than one buffer holds)
-  st_.assign(n(), RankState{});
-  for (int r = 0; r < n(); ++r) {
-    st_[r].loc.resize(c);
-    for (int sc = 0; sc < c; ++sc) {
-      st_[r].loc[sc] = initialSlot(r, sc);
-      if (st_[r].loc[sc].valid()) setOccupant(r, st_[r].loc[sc], sc);
-    }
-  }
+  placeInitialValues(c);
   const std::size_t expectHops = in_.transfers.size() * static_cast<std::size_t>(s_);
   hops_.reserve(expectHops);
   ops_.reserve(expectHops * 2 + static_cast<std::size_t>(n()) * c / 4);
   std::vector<int> deps;
-
-  // A pending receive of one round: the hop, and where its value lands.
-  struct Pending {
-    int hop;
-    bool reduce;
-    int finalDst;  // the transfer's destination (a relay's second hop is created when the first one lands)
-  };
-  std::vector<Pending> pending;
+  std::vector<PendingRecv> pending;
   std::size_t i = 0;
   const auto& tr = in_.transfers;
+  // Round by round: all reads of a round first, then its writes (docs/compiler.md, "Dependencies").
   while (i < tr.size()) {
     std::size_t end = i;
     while (end < tr.size() && tr[end].round == tr[i].round) ++end;
-    // Phase 1: every send of the round reads the value as it was when the round began.
     pending.clear();
     const int roundFirstOp = static_cast<int>(ops_.size());
-    for (std::size_t t = i; t < end; ++t) {
-      const Transfer& x = tr[t];
-      for (int j = 0; j < s_; ++j) {
-        const int sc = x.chunk * s_ + j;
-        const Slot from = st_[x.src].loc[sc];
-        if (!from.valid()) {
-          error_ = fmt::format("transfer {} (round {}, line {}): rank {} sends chunk {} but holds nothing of it", t,
-                               x.round, x.line, x.src, x.chunk);
-          return false;
-        }
-        Hop h;
-        h.src = x.src;
-        h.dst = x.via >= 0 ? x.via : x.dst;
-        h.chunk = sc;
-        h.channel = channelOf(x.chunk, j);
-        const int hopId = static_cast<int>(hops_.size());
-        const int op = newOp(x.src, OpKind::Send);
-        ops_[op].hop = hopId;
-        ops_[op].src = from;
-        readDeps(x.src, from, deps);
-        commitDeps(op, deps);
-        noteRead(x.src, from, op);
-        noteForward(op, h.dst);
-        h.sendOp = op;
-        hops_.push_back(h);
-        pending.push_back({hopId, x.kind == TransferKind::Reduce, x.dst});
-      }
-    }
-    // Phase 2: the receives, in list order (several reductions into one slot are chained by their hazards).
-    for (std::size_t p = 0; p < pending.size(); ++p) {
-      const Pending pd = pending[p];
-      Hop& h = hops_[pd.hop];
-      const int sc = h.chunk;
-      const bool relayHop = h.dst != pd.finalDst;
-      const int op = newOp(h.dst, OpKind::Recv);
-      Op& o = ops_[op];
-      o.hop = pd.hop;
-      o.src = ops_[h.sendOp].src;
-      Slot to;
-      if (relayHop) {
-        to = relaySlot(h.dst, sc);
-      } else if (pd.reduce) {
-        const Slot cur = st_[h.dst].loc[sc];
-        if (!cur.valid()) {
-          error_ = fmt::format("a reduction into rank {} of chunk {} finds nothing to reduce into", h.dst, sc);
-          return false;
-        }
-        o.reduce = true;
-        o.src = cur;
-        readDeps(h.dst, cur, deps);
-        noteRead(h.dst, cur, op);
-        to = receiveSlot(h.dst, sc);
-      } else {
-        to = receiveSlot(h.dst, sc);
-      }
-      // Never overwrite a value a send of this same round still reads (an exchange): land beside it instead, so
-      // no receive waits on a send of its own round (the final copy puts values where the output wants them).
-      if (!relayHop && readInRound(h.dst, to, roundFirstOp)) to = alternateSlot(h.dst, sc, to);
-      // Nor a slot where another chunk's value still lives (in place, an All-to-All's output slot holds what the
-      // rank has yet to send): land in scratch; the final copy moves it once the slot is free.
-      if (!relayHop) {
-        const int occ = occupantOf(h.dst, to);
-        if (occ != kNone && occ != sc) to = alternateSlot(h.dst, sc, to);
-      }
-      o.dst = to;
-      ops_[h.sendOp].dst = to;
-      writeDeps(h.dst, to, deps);
-      commitDeps(op, deps);
-      noteWrite(h.dst, to, op);
-      h.recvOp = op;
-      if (relayHop) {
-        // Second hop: relay -> destination, created now so that it depends on the first one's arrival.
-        Hop h2;
-        h2.src = h.dst;
-        h2.dst = pd.finalDst;
-        h2.chunk = sc;
-        h2.channel = h.channel;
-        const int hop2 = static_cast<int>(hops_.size());
-        const int sop = newOp(h2.src, OpKind::Send);
-        ops_[sop].hop = hop2;
-        ops_[sop].src = to;
-        readDeps(h2.src, to, deps);
-        commitDeps(sop, deps);
-        noteRead(h2.src, to, sop);
-        noteForward(sop, h2.dst);
-        h2.sendOp = sop;
-        hops_.push_back(h2);
-        pending.push_back({hop2, pd.reduce, pd.finalDst});
-      } else {
-        const Slot old = st_[h.dst].loc[sc];
-        if (old.valid() && occupantOf(h.dst, old) == sc) setOccupant(h.dst, old, kNone);
-        st_[h.dst].loc[sc] = to;
-        setOccupant(h.dst, to, sc);
-      }
-    }
+    if (!sendRound(i, end, pending, deps)) return false;
+    if (!receiveRound(pending, roundFirstOp, deps)) return false;
     i = end;
   }
+  if (!copyToFinal(c, deps)) return false;
+  dropHazardState();
+  estimate();
+  return true;
+}
 
-  // Values the postcondition wants in the output that are somewhere else (an All-Gather rank's own block, a
-  // root's data, anything a one-rank program never moves) are copied there at the end.
+void Scheduler::placeInitialValues(int chunks) {
+  st_.assign(n(), RankState{});
   for (int r = 0; r < n(); ++r) {
-    for (int sc = 0; sc < c; ++sc) {
+    st_[r].loc.resize(chunks);
+    for (int sc = 0; sc < chunks; ++sc) {
+      st_[r].loc[sc] = initialSlot(r, sc);
+      if (st_[r].loc[sc].valid()) setOccupant(r, st_[r].loc[sc], sc);
+    }
+  }
+}
+
+bool Scheduler::sendRound(std::size_t first, std::size_t end, std::vector<PendingRecv>& pending,
+                          std::vector<int>& deps) {
+  const auto& tr = in_.transfers;
+  for (std::size_t t = first; t < end; ++t) {
+    const Transfer& x = tr[t];
+    for (int j = 0; j < s_; ++j) {
+      const int sc = x.chunk * s_ + j;
+      const Slot from = st_[x.src].loc[sc];
+      if (!from.valid()) {
+        error_ = fmt::format("transfer {} (round {}, line {}): rank {} sends chunk {} but holds nothing of it", t,
+                             x.round, x.line, x.src, x.chunk);
+        return false;
+      }
+      Hop h;
+      h.src = x.src;
+      h.dst = x.via >= 0 ? x.via : x.dst;
+      h.chunk = sc;
+      h.channel = channelOf(x.chunk, j);
+      addSend(h, from, x.kind == TransferKind::Reduce, x.dst, pending, deps);
+    }
+  }
+  return true;
+}
+
+void Scheduler::addSend(Hop h, Slot from, bool reduce, int finalDst, std::vector<PendingRecv>& pending,
+                        std::vector<int>& deps) {
+  const int hopId = static_cast<int>(hops_.size());
+  const int op = newOp(h.src, OpKind::Send);
+  ops_[op].hop = hopId;
+  ops_[op].src = from;
+  readDeps(h.src, from, deps);
+  commitDeps(op, deps);
+  noteRead(h.src, from, op);
+  noteForward(op, h.dst);
+  h.sendOp = op;
+  hops_.push_back(h);
+  pending.push_back({hopId, reduce, finalDst});
+}
+
+bool Scheduler::receiveRound(std::vector<PendingRecv>& pending, int roundFirstOp, std::vector<int>& deps) {
+  // A relay's second hop joins `pending` while the loop runs, so it is received in this round too.
+  for (std::size_t p = 0; p < pending.size(); ++p) {
+    const PendingRecv pd = pending[p];
+    if (!receive(pd, roundFirstOp, pending, deps)) return false;
+  }
+  return true;
+}
+
+bool Scheduler::receive(const PendingRecv& pd, int roundFirstOp, std::vector<PendingRecv>& pending,
+                        std::vector<int>& deps) {
+  Hop& h = hops_[pd.hop];
+  const int sc = h.chunk;
+  const bool relayHop = h.dst != pd.finalDst;
+  const int op = newOp(h.dst, OpKind::Recv);
+  Op& o = ops_[op];
+  o.hop = pd.hop;
+  o.src = ops_[h.sendOp].src;
+  Slot to;
+  if (relayHop) {
+    to = relaySlot(h.dst, sc);
+  } else if (pd.reduce) {
+    const Slot cur = st_[h.dst].loc[sc];
+    if (!cur.valid()) {
+      error_ = fmt::format("a reduction into rank {} of chunk {} finds nothing to reduce into", h.dst, sc);
+      return false;
+    }
+    o.reduce = true;
+    o.src = cur;
+    readDeps(h.dst, cur, deps);
+    noteRead(h.dst, cur, op);
+    to = receiveSlot(h.dst, sc);
+  } else {
+    to = receiveSlot(h.dst, sc);
+  }
+  // Never overwrite a value a send of this same round still reads (an exchange): land beside it instead, so
+  // no receive waits on a send of its own round (the final copy puts values where the output wants them).
+  if (!relayHop && readInRound(h.dst, to, roundFirstOp)) to = alternateSlot(h.dst, sc, to);
+  // Nor a slot where another chunk's value still lives (in place, an All-to-All's output slot holds what the
+  // rank has yet to send): land in scratch; the final copy moves it once the slot is free.
+  if (!relayHop) {
+    const int occ = occupantOf(h.dst, to);
+    if (occ != kNone && occ != sc) to = alternateSlot(h.dst, sc, to);
+  }
+  o.dst = to;
+  ops_[h.sendOp].dst = to;
+  writeDeps(h.dst, to, deps);
+  commitDeps(op, deps);
+  noteWrite(h.dst, to, op);
+  h.recvOp = op;
+  if (relayHop) {
+    // Second hop: relay -> destination, created now so that it depends on the first one's arrival.
+    Hop h2;
+    h2.src = h.dst;
+    h2.dst = pd.finalDst;
+    h2.chunk = sc;
+    h2.channel = h.channel;
+    addSend(h2, to, pd.reduce, pd.finalDst, pending, deps);  // invalidates h and o
+  } else {
+    const Slot old = st_[h.dst].loc[sc];
+    if (old.valid() && occupantOf(h.dst, old) == sc) setOccupant(h.dst, old, kNone);
+    st_[h.dst].loc[sc] = to;
+    setOccupant(h.dst, to, sc);
+  }
+  return true;
+}
+
+bool Scheduler::copyToFinal(int chunks, std::vector<int>& deps) {
+  // An All-Gather rank's own block, a root's data, anything a one-rank program never moves.
+  for (int r = 0; r < n(); ++r) {
+    for (int sc = 0; sc < chunks; ++sc) {
       const Slot f = finalSlot(r, sc);
       if (!f.valid()) continue;
       const Slot cur = st_[r].loc[sc];
@@ -526,12 +360,14 @@ bool Scheduler::build() {
       st_[r].loc[sc] = f;
     }
   }
+  return true;
+}
+
+void Scheduler::dropHazardState() {
   scratchCount_.resize(n());
   for (int r = 0; r < n(); ++r) scratchCount_[r] = st_[r].scratch;
   std::vector<RankState>().swap(st_);
   std::vector<ReaderLink>().swap(readerPool_);
-  estimate();
-  return true;
 }
 
 double Scheduler::hopDuration(int src, int dst) const {
@@ -585,273 +421,6 @@ void Scheduler::estimate() {
       child[p] = std::max(child[p], o.up);
     }
   }
-}
-
-// List scheduling over thread blocks: an abstract run of the schedule in which every block, whenever it is free,
-// takes the step that can start first among those whose inputs are complete (ties: the longest chain of work
-// behind it first, then creation order). A step waits for its dependencies; a receive also waits for its data and
-// takes its connection's messages in the order they were sent. The order in which each block took its steps is
-// the order we emit, so every block's order is one the machine can actually run: the schedule cannot deadlock,
-// and both ends of every connection agree on its message order by construction.
-bool Scheduler::order() {
-  const double sync = kStepSyncUs[static_cast<int>(proto_)];
-  const std::size_t nOps = ops_.size();
-  // The step an op lives in (a fused send lives in its receive's step).
-  auto stepOf = [&](int op) { return ops_[op].absorbed ? ops_[op].fusedInto : op; };
-  std::vector<int> need(nOps, 0);
-  std::vector<int> depStart(nOps + 1, 0);
-  std::vector<int> children;
-  {
-    // The dependencies of every step (fused sends folded into their receive), deduplicated, then inverted.
-    std::vector<int> flat;
-    std::vector<int> flatStart(nOps + 1, 0);
-    flat.reserve(deps_.size());
-    std::vector<int> count(nOps, 0);
-    for (std::size_t i = 0; i < nOps; ++i) {
-      const Op& o = ops_[i];
-      const std::size_t begin = flat.size();
-      if (!o.absorbed) {
-        for (int d = 0; d < o.depCount; ++d) {
-          const int s = stepOf(deps_[o.depBegin + d]);
-          if (s != static_cast<int>(i)) flat.push_back(s);
-        }
-        std::sort(flat.begin() + static_cast<std::ptrdiff_t>(begin), flat.end());
-        flat.erase(std::unique(flat.begin() + static_cast<std::ptrdiff_t>(begin), flat.end()), flat.end());
-        need[i] = static_cast<int>(flat.size() - begin) + (o.kind == OpKind::Recv ? 1 : 0);
-        for (std::size_t k = begin; k < flat.size(); ++k) ++count[flat[k]];
-      }
-      flatStart[i + 1] = static_cast<int>(flat.size());
-    }
-    for (std::size_t i = 0; i < nOps; ++i) depStart[i + 1] = depStart[i] + count[i];
-    children.resize(depStart[nOps]);
-    std::vector<int> fill(depStart.begin(), depStart.end() - 1);
-    for (std::size_t i = 0; i < nOps; ++i) {
-      for (int k = flatStart[i]; k < flatStart[i + 1]; ++k) children[fill[flat[k]]++] = static_cast<int>(i);
-    }
-  }
-  // Blocks, numbered globally; each keeps the messages it sent that are not yet received.
-  std::vector<int> tbBase(n() + 1, 0);
-  for (int r = 0; r < n(); ++r) tbBase[r + 1] = tbBase[r] + static_cast<int>(blocks_[r].size());
-  const int nTb = tbBase[n()];
-  // Per block: when it is free, the steps whose inputs are complete (by priority), and those that become ready
-  // later (by time). A global heap holds, per block, when it can next start something (at most one entry per
-  // block, moved up when the block can start earlier). Releases never go back in time, so this is a plain
-  // discrete-event run.
-  struct Avail {
-    double negUp;
-    int op;
-    bool operator>(const Avail& e) const { return negUp != e.negUp ? negUp > e.negUp : op > e.op; }
-  };
-  struct Future {
-    double t;
-    double negUp;
-    int op;
-    bool operator>(const Future& e) const {
-      if (t != e.t) return t > e.t;
-      return negUp != e.negUp ? negUp > e.negUp : op > e.op;
-    }
-  };
-  struct TbState {
-    double free = 0;
-    std::priority_queue<Avail, std::vector<Avail>, std::greater<>> avail;
-    std::priority_queue<Future, std::vector<Future>, std::greater<>> future;
-  };
-  std::vector<TbState> tbs(nTb);
-  std::vector<std::vector<int>*> tbOps(nTb);  // the block's emitted order
-  for (int r = 0; r < n(); ++r) {
-    for (std::size_t b = 0; b < blocks_[r].size(); ++b) tbOps[tbBase[r] + static_cast<int>(b)] = &blocks_[r][b].ops;
-  }
-  // What the run reads of every op and hop, packed together (ops_ is large; the run visits it in no useful order).
-  struct OpRun {
-    double ready = 0;
-    double negUp = 0;
-    double dur = 0;
-    int need = 0;
-    int tb = 0;  // global block
-    int hop = kNone;
-    int fusedSend = kNone;
-    OpKind kind = OpKind::Send;
-  };
-  struct HopRun {
-    double arrival = 0;
-    int recvOp = kNone;
-    int senderTb = 0;  // global block of the send
-    int next = kNone;  // the hop its block sent next (the block's in-flight list)
-  };
-  std::vector<OpRun> run(nOps);
-  for (std::size_t i = 0; i < nOps; ++i) {
-    const Op& o = ops_[i];
-    OpRun& x = run[i];
-    x.negUp = -o.up;
-    x.dur = o.dur;
-    x.need = need[i];
-    x.tb = tbBase[o.rank] + o.tb;
-    x.hop = o.hop;
-    x.fusedSend = o.fusedSend;
-    x.kind = o.kind;
-  }
-  std::vector<HopRun> hopRun(hops_.size());
-  for (std::size_t h = 0; h < hops_.size(); ++h) {
-    hopRun[h].recvOp = hops_[h].recvOp;
-    hopRun[h].senderTb = run[hops_[h].sendOp].tb;
-  }
-  // Per sending block: the messages sent and not yet received, in order (a list through HopRun::next).
-  std::vector<int> inFlightHead(nTb, kNone);
-  std::vector<int> inFlightTail(nTb, kNone);
-  // The blocks waiting to start something, by (pendingAt, block). A symmetric schedule has thousands of blocks
-  // waiting for a handful of distinct times, so: an ordered map of the distinct times, each with a min-heap of
-  // block ids. A block woken earlier than it was queued leaves its old entry behind; entries whose time is no
-  // longer the block's pendingAt are skipped when they surface.
-  std::vector<double> pendingAt(nTb, std::numeric_limits<double>::infinity());
-  std::map<double, std::vector<int>> waiting;
-  std::vector<std::vector<int>> spareBuckets;  // emptied buckets, kept for their capacity
-  auto popEarliest = [&]() -> int {
-    while (!waiting.empty()) {
-      auto it = waiting.begin();
-      std::vector<int>& bucket = it->second;
-      while (!bucket.empty()) {
-        std::pop_heap(bucket.begin(), bucket.end(), std::greater<>());
-        const int tb = bucket.back();
-        bucket.pop_back();
-        if (pendingAt[tb] == it->first) return tb;
-      }
-      spareBuckets.push_back(std::move(bucket));
-      waiting.erase(it);
-    }
-    return kNone;
-  };
-  auto wake = [&](int tb) {
-    TbState& st = tbs[tb];
-    double t;
-    if (!st.avail.empty()) {
-      t = st.free;
-    } else if (!st.future.empty()) {
-      t = std::max(st.free, st.future.top().t);
-    } else {
-      return;
-    }
-    if (t >= pendingAt[tb]) return;  // already queued no later than that
-    pendingAt[tb] = t;
-    auto [it, fresh] = waiting.try_emplace(t);
-    if (fresh && !spareBuckets.empty()) {
-      it->second = std::move(spareBuckets.back());
-      spareBuckets.pop_back();
-    }
-    it->second.push_back(tb);
-    std::push_heap(it->second.begin(), it->second.end(), std::greater<>());
-  };
-  auto release = [&](int op, double at) {
-    OpRun& x = run[op];
-    x.ready = std::max(x.ready, at);
-    if (--x.need == 0) {
-      tbs[x.tb].future.push({x.ready, x.negUp, op});
-      wake(x.tb);
-    }
-  };
-  // With creationOrder_, every connection carries its messages in creation order (a valid sequential order of the
-  // program). Without it a sender may overtake an earlier message, which is faster (it sends what is ready) but
-  // can leave a receiver whose own dependencies follow creation order (several reductions into one slot through a
-  // relay, for instance) waiting forever; compile() then retries with it.
-  std::vector<int> nextSend;
-  if (creationOrder_) {
-    nextSend.assign(nOps, kNone);
-    std::vector<int> lastSend(nTb, kNone);
-    for (std::size_t i = 0; i < nOps; ++i) {
-      if (ops_[i].kind != OpKind::Send) continue;
-      const int tb = run[i].tb;
-      if (lastSend[tb] != kNone) {
-        nextSend[lastSend[tb]] = static_cast<int>(i);
-        ++run[stepOf(static_cast<int>(i))].need;
-      }
-      lastSend[tb] = static_cast<int>(i);
-    }
-  }
-  auto issue = [&](int sendOp, double at) {
-    const int hop = run[sendOp].hop;
-    if (creationOrder_ && nextSend[sendOp] != kNone) release(stepOf(nextSend[sendOp]), at);
-    HopRun& h = hopRun[hop];
-    h.arrival = at;
-    const int tb = h.senderTb;
-    if (inFlightHead[tb] == kNone) {
-      inFlightHead[tb] = inFlightTail[tb] = hop;
-      release(h.recvOp, at);
-    } else {
-      hopRun[inFlightTail[tb]].next = hop;
-      inFlightTail[tb] = hop;
-    }
-  };
-  for (std::size_t i = 0; i < nOps; ++i) {
-    if (!ops_[i].absorbed && run[i].need == 0) tbs[run[i].tb].future.push({0.0, run[i].negUp, static_cast<int>(i)});
-  }
-  for (int tb = 0; tb < nTb; ++tb) wake(tb);
-  std::size_t scheduled = 0;
-  std::size_t steps = 0;
-  for (const Op& o : ops_) steps += o.absorbed ? 0 : 1;
-  for (;;) {
-    const int tb = popEarliest();
-    if (tb == kNone) break;
-    TbState& st = tbs[tb];
-    const double now = pendingAt[tb];
-    pendingAt[tb] = std::numeric_limits<double>::infinity();
-    while (!st.future.empty() && st.future.top().t <= now) {
-      st.avail.push({st.future.top().negUp, st.future.top().op});
-      st.future.pop();
-    }
-    if (st.avail.empty()) {
-      wake(tb);
-      continue;
-    }
-    const int opId = st.avail.top().op;
-    st.avail.pop();
-    const OpRun& o = run[opId];
-    const double start = now;
-    double done = start;
-    switch (o.kind) {
-      case OpKind::Copy:
-        done = start + o.dur;
-        break;
-      case OpKind::Send:
-        done = start + sync + o.dur;
-        issue(opId, done);
-        break;
-      case OpKind::Recv: {
-        const HopRun& h = hopRun[o.hop];
-        const int senderTb = h.senderTb;
-        done = std::max(start + sync, h.arrival);
-        if (o.fusedSend != kNone) {
-          const double fdur = run[o.fusedSend].dur;
-          // Cut-through: the forward streams while the input arrives.
-          const double fwd = std::max(start + sync + fdur, h.arrival + 0.1 * fdur);
-          done = std::max(done, fwd);
-          issue(o.fusedSend, fwd);
-        }
-        if (inFlightHead[senderTb] != o.hop) {
-          error_ = "internal error: a receive was ordered out of its connection's order";
-          return false;
-        }
-        const int next = h.next;
-        inFlightHead[senderTb] = next;
-        if (next == kNone) {
-          inFlightTail[senderTb] = kNone;
-        } else {
-          release(hopRun[next].recvOp, hopRun[next].arrival);
-        }
-        break;
-      }
-    }
-    st.free = done;
-    tbOps[tb]->push_back(opId);
-    ++scheduled;
-    for (int c = depStart[opId]; c < depStart[opId + 1]; ++c) release(children[c], done);
-    wake(tb);
-  }
-  if (scheduled != steps) {
-    error_ = fmt::format(
-        "could not order {} of {} steps: the program's dependencies and the connections' message order form a cycle",
-        steps - scheduled, steps);
-    return false;
-  }
-  return true;
 }
 
 int Scheduler::blockFor(int rank, int channel, int sendPeer, int recvPeer, bool create) {
@@ -1064,6 +633,14 @@ Schedule Scheduler::emit() const {
   return s;
 }
 
+}  // namespace detail
+
+namespace {
+
+// Memory guards (about 40 bytes per rank-chunk pair and 200 per transfer at the peak).
+constexpr std::uint64_t kMaxStateEntries = std::uint64_t{1} << 27;
+constexpr std::uint64_t kMaxHops = std::uint64_t{1} << 24;
+
 int ceilDiv(std::uint64_t a, std::uint64_t b) { return static_cast<int>((a + b - 1) / b); }
 
 }  // namespace
@@ -1121,16 +698,16 @@ core::Result<CompileResult> compile(const IntentProgram& intent, const Topology&
         // The fastest ordering first; if its abstract run gets stuck, connections keep creation order; if that
         // is stuck too (a fused receive-and-forward tied to a later send), no fusion, where every wait points to
         // an earlier-created step and the run always completes.
-        std::unique_ptr<Scheduler> built;
+        std::unique_ptr<detail::Scheduler> built;
         for (int variant = 0; variant < 3; ++variant) {
-          built = std::make_unique<Scheduler>(intent, topology, options, channels, slices, proto, paired);
+          built = std::make_unique<detail::Scheduler>(intent, topology, options, channels, slices, proto, paired);
           if (variant >= 1) built->keepCreationOrder();
           if (variant >= 2) built->disableFusion();
           if (!built->build()) return fail(built->error());
           if (built->assign()) break;
           if (variant == 2) return fail(built->error());
         }
-        Scheduler& sch = *built;
+        detail::Scheduler& sch = *built;
         if (sch.maxBlocksPerChannel() > lim.maxBlocksPerChannel || sch.maxBlocksPerRank() > lim.maxBlocksPerRank) {
           if (!paired) continue;
           return fail(fmt::format(

@@ -1,13 +1,18 @@
+// The simulator's event loop (docs/simulator.md, "The time model"): the Engine checks a schedule and lays it out as
+// blocks, steps and connections, runs the step instances through one (time, sequence) event queue (readiness, the
+// per-step synchronisation, heads and tails of data, block order), and turns the run into a SimResult
+// (extrapolation, link usage, the critical path). How fast data moves is the flow model's (flow_model.h): the engine
+// starts a flow for every sending step and schedules the drain events the model asks for.
 #include "optiflow/sim/simulator.h"
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <limits>
 #include <unordered_map>
 
 #include <fmt/format.h>
 
+#include "flow_model.h"
 #include "optiflow/core/collective.h"
 #include "optiflow/core/units.h"
 
@@ -16,8 +21,9 @@ namespace optiflow::sim {
 namespace {
 
 using core::StepOp;
-
-constexpr double kInf = std::numeric_limits<double>::infinity();
+using detail::Drain;
+using detail::FlowModel;
+using detail::kInf;
 
 bool isLocal(StepOp op) { return op == StepOp::Copy || op == StepOp::Reduce; }
 // Inline copies of core::opSends/opReceives for the hot loop; keep them identical to core/src/schedule.cc.
@@ -72,11 +78,6 @@ constexpr std::uint8_t kDrained = 4;       // its outgoing flow has drained (end
 constexpr std::uint8_t kHeadSent = 8;      // sender: the head of its data was delivered to the receiver
 constexpr std::uint8_t kTailArrived = 16;  // sender: the tail of its data arrived (tail holds the time)
 constexpr std::uint8_t kEndByInput = 32;   // its end was set by its input's tail
-
-constexpr std::uint32_t kVersionMask = 0x1fffffffu;
-// Components with at most this many binding links pick the next link to freeze by a scan (a round costs one pass
-// over a few dense arrays), larger ones with a lazy heap (a round costs the links that changed).
-constexpr std::size_t kScanLinks = 512;
 
 enum class Ev : std::uint8_t { StepEnd, FlowDrain, Head, Tail, Begin };
 
@@ -179,20 +180,6 @@ class EventHeap {
   std::vector<std::size_t> pos_;  // per flow: index of its drain event in h_, or kNone
 };
 
-struct Flow {
-  int inst = -1;
-  int conn = -1;
-  double wire = 0;       // total wire bytes
-  double remaining = 0;  // wire bytes left at `last`
-  double rate = 0;       // wire bytes per us
-  double last = 0;
-  double maxRate = kInf;  // min(cap, every link's effective capacity)
-  int pathStart = 0;      // its connection's path in connPaths_ (copied: the hot loops read it often)
-  int pathLen = 0;
-  std::uint32_t version = 0;  // 29 bits travel in events; wraps harmlessly
-  bool fresh = false;         // started, no drain event scheduled yet
-};
-
 class Engine {
  public:
   Engine(const core::Schedule& s, const Network& net, std::uint64_t size, const SimParams& p)
@@ -204,7 +191,6 @@ class Engine {
  private:
   std::string setUp();
   std::string prepare();
-  void initLinks();
   void simulateExact();
   // events
   // Events at the current time go to a FIFO (they would pop after every heap event of this time anyway, having
@@ -233,24 +219,21 @@ class Engine {
   void inputTailArrived(int recvInst, int sendInst);
   // flows
   void startFlow(int inst);
-  void settle(Flow& f) {
-    f.remaining -= f.rate * (now_ - f.last);
-    f.last = now_;
+  // Pushes the drain events the flow model's last call asked for, in its order.
+  void scheduleDrains() {
+    for (const Drain& d : flows_.drains()) push(d.time, Ev::FlowDrain, d.flow, d.version);
   }
-  bool binding(int l) const { return sumMax_[l] > cap_[l] * (1 + 1e-9); }
-  void recompute(const std::vector<int>& seeds);
-  void freeze(int f, double rate, bool scan);
-  void applyRates();
-  void linkAdd(int l, int flow);
-  void linkRemove(int l, int flow);
+  // A flow's top rate on connection `c`: the protocol's cap (if any) and every link's effective capacity.
+  double maxFlowRate(int c) const {
+    double mx = p_.flowCapGBps[proto_] > 0 ? p_.flowCapGBps[proto_] * 1e3 / eff_ : kInf;
+    for (int l : connPath(c)) mx = std::min(mx, flows_.capacity()[l]);
+    return mx;
+  }
 
   int instOf(int iter, int g) const { return iter * nSteps_ + g; }
   int stepOf(int inst) const { return inst % nSteps_; }
   int iterOf(int inst) const { return inst / nSteps_; }
   double dataBytes(int g) const { return steps_[g].count * iterChunk_; }
-  std::span<const int> flowPath(int f) const {
-    return std::span<const int>(connPaths_).subspan(flows_[f].pathStart, flows_[f].pathLen);
-  }
   std::span<const int> connPath(int c) const {
     return std::span<const int>(connPaths_).subspan(conns_[c].pathStart, conns_[c].pathLen);
   }
@@ -285,29 +268,7 @@ class Engine {
   std::vector<std::uint8_t> flags_, waitKind_;
   std::vector<int> flowOf_;  // per instance: active flow id (-1)
 
-  // flows and links
-  std::vector<Flow> flows_;
-  std::vector<int> freeFlows_;
-  std::vector<double> cap_;  // effective wire bytes per us
-  std::vector<double> sumMax_;
-  std::vector<std::vector<int>> linkFlows_;
-  std::vector<double> busySince_, busyUs_, linkBytes_;
-  // scratch for recompute
-  std::vector<std::uint32_t> flowStamp_, linkStamp_;
-  std::uint32_t stamp_ = 0;
-  std::vector<int> compFlows_, compLinks_, seedBuf_;
-  std::vector<char> frozen_;
-  std::vector<double> newRate_;
-  std::vector<int> linkLocal_;  // per link: its index in compLinks_ (valid while linkStamp_ == stamp_)
-  // Per component link (index in compLinks_): capacity left, unfrozen flows, share (max(0, rem) / cnt, +inf when
-  // no flow is left).
-  std::vector<double> remL_, shareL_;
-  std::vector<int> cntL_;
-  std::vector<std::pair<double, int>> sortBuf_;
-  // Lazy min-heap of (share, component link) for large components, and the links whose share changed in this round.
-  std::vector<std::pair<double, int>> heap_;
-  std::vector<int> dirty_;
-  std::vector<char> isDirty_;
+  FlowModel flows_;
 
   EventHeap q_;
   std::vector<Event> nowQ_;  // FIFO of events at now_
@@ -511,267 +472,28 @@ std::string Engine::prepare() {
   return {};
 }
 
-void Engine::initLinks() {
-  const auto& links = net_.links();
-  const std::size_t nl = links.size();
-  cap_.resize(nl);
-  for (std::size_t l = 0; l < nl; ++l) {
-    cap_[l] = links[l].bandwidthGBps * 1e3 * p_.linkEfficiency[static_cast<int>(hopClassOf(links[l].kind))];
-  }
-  sumMax_.assign(nl, 0);
-  linkFlows_.assign(nl, {});
-  busySince_.assign(nl, 0);
-  busyUs_.assign(nl, 0);
-  linkBytes_.assign(nl, 0);
-  linkStamp_.assign(nl, 0);
-  linkLocal_.assign(nl, 0);
-}
-
-void Engine::linkAdd(int l, int flow) {
-  if (linkFlows_[l].empty()) busySince_[l] = now_;
-  linkFlows_[l].push_back(flow);
-  sumMax_[l] += flows_[flow].maxRate;
-}
-
-void Engine::linkRemove(int l, int flow) {
-  auto& v = linkFlows_[l];
-  auto it = std::find(v.begin(), v.end(), flow);
-  if (it != v.end()) {
-    *it = v.back();
-    v.pop_back();
-  }
-  if (v.empty()) {
-    busyUs_[l] += now_ - busySince_[l];
-    sumMax_[l] = 0;  // no drift
-  } else {
-    sumMax_[l] -= flows_[flow].maxRate;
-  }
-}
-
-// Max-min fair rates for the flows connected to `seeds` through binding links (progressive filling). Links that cannot
-// saturate even if every flow on them ran at its own maximum never constrain anything and are skipped, which keeps
-// components small on fat fabrics.
-void Engine::recompute(const std::vector<int>& seeds) {
-  ++stamp_;
-  if (flowStamp_.size() < flows_.size()) flowStamp_.resize(flows_.size(), 0);
-  compFlows_.clear();
-  compLinks_.clear();
-  for (int f : seeds) {
-    if (flowStamp_[f] == stamp_) continue;
-    flowStamp_[f] = stamp_;
-    compFlows_.push_back(f);
-  }
-  for (std::size_t i = 0; i < compFlows_.size(); ++i) {
-    for (int l : flowPath(compFlows_[i])) {
-      if (linkStamp_[l] == stamp_ || !binding(l)) continue;
-      linkStamp_[l] = stamp_;
-      compLinks_.push_back(l);
-      for (int g : linkFlows_[l]) {
-        if (flowStamp_[g] != stamp_) {
-          flowStamp_[g] = stamp_;
-          compFlows_.push_back(g);
-        }
-      }
-    }
-  }
-  if (frozen_.size() < flows_.size()) {
-    frozen_.resize(flows_.size(), 0);
-    newRate_.resize(flows_.size(), 0);
-  }
-  if (compFlows_.size() == 1) {
-    newRate_[compFlows_[0]] = flows_[compFlows_[0]].maxRate;  // alone: its own bottleneck
-    applyRates();
-    return;
-  }
-  // Progressive filling. Flows in (maxRate, id) order: the cap freezes take them in that order, and applyRates
-  // schedules their drain events in it. Usually every flow of a component has the same maxRate (same link
-  // capacities), and then the order is the ids': a large component is then listed from the stamps directly.
-  const double firstMax = flows_[compFlows_[0]].maxRate;
-  bool uniform = true;
-  for (int f : compFlows_) uniform = uniform && flows_[f].maxRate == firstMax;
-  if (uniform && compFlows_.size() * 8 >= flows_.size()) {
-    const std::size_t n = compFlows_.size();
-    compFlows_.clear();
-    for (std::size_t f = 0; f < flows_.size() && compFlows_.size() < n; ++f) {
-      if (flowStamp_[f] == stamp_) compFlows_.push_back(static_cast<int>(f));
-    }
-  } else if (uniform) {
-    std::sort(compFlows_.begin(), compFlows_.end());
-  } else {
-    sortBuf_.clear();
-    for (int f : compFlows_) sortBuf_.emplace_back(flows_[f].maxRate, f);
-    std::sort(sortBuf_.begin(), sortBuf_.end());
-    for (std::size_t i = 0; i < sortBuf_.size(); ++i) compFlows_[i] = sortBuf_[i].second;
-  }
-  // The next link to freeze is the least (share, link id) among links with unfrozen flows. Components usually
-  // have a few links (one node's NVSwitch ports): a scan of dense per-component arrays in link id order is cheaper
-  // than a heap there (a link without unfrozen flows has share +inf, which never wins over a flow's finite cap).
-  const std::size_t nLinks = compLinks_.size();
-  const bool scan = nLinks <= kScanLinks;
-  std::sort(compLinks_.begin(), compLinks_.end());
-  remL_.resize(nLinks);
-  cntL_.resize(nLinks);
-  shareL_.resize(nLinks);
-  for (std::size_t j = 0; j < nLinks; ++j) {
-    const int l = compLinks_[j];
-    linkLocal_[l] = static_cast<int>(j);
-    remL_[j] = cap_[l];
-    cntL_[j] = static_cast<int>(linkFlows_[l].size());
-    shareL_[j] = remL_[j] / cntL_[j];
-  }
-  if (!scan) {
-    heap_.clear();
-    for (std::size_t j = 0; j < nLinks; ++j) heap_.emplace_back(shareL_[j], static_cast<int>(j));
-    std::make_heap(heap_.begin(), heap_.end(), std::greater<>());
-    isDirty_.assign(nLinks, 0);
-    dirty_.clear();
-  }
-  for (int f : compFlows_) frozen_[f] = 0;
-  std::size_t capIdx = 0;
-  std::size_t left = compFlows_.size();
-  while (left > 0) {
-    while (capIdx < compFlows_.size() && frozen_[compFlows_[capIdx]]) ++capIdx;
-    double linkShare = kInf;
-    int link = -1;  // local index
-    if (scan) {
-      // The least share, then its first (lowest id) link; shares are never -0 or NaN, so == finds it.
-      for (std::size_t j = 0; j < nLinks; ++j) linkShare = shareL_[j] < linkShare ? shareL_[j] : linkShare;
-      if (linkShare < kInf) {
-        link = 0;
-        while (shareL_[link] != linkShare) ++link;
-      }
-    } else {
-      // Lazy heap: every link whose share changed in the last round gets one entry with its new share; entries
-      // that no longer match their link's share are stale. The least valid entry is the least (share, link).
-      for (int j : dirty_) {
-        isDirty_[j] = 0;
-        if (cntL_[j] > 0) {
-          heap_.emplace_back(shareL_[j], j);
-          std::push_heap(heap_.begin(), heap_.end(), std::greater<>());
-        }
-      }
-      dirty_.clear();
-      while (!heap_.empty()) {
-        const auto [sh, j] = heap_.front();
-        if (cntL_[j] > 0 && sh == shareL_[j]) {
-          linkShare = sh;
-          link = j;
-          break;
-        }
-        std::pop_heap(heap_.begin(), heap_.end(), std::greater<>());
-        heap_.pop_back();
-      }
-    }
-    const double capShare = capIdx < compFlows_.size() ? flows_[compFlows_[capIdx]].maxRate : kInf;
-    if (capShare <= linkShare) {
-      freeze(compFlows_[capIdx], capShare, scan);
-      --left;
-    } else if (link >= 0) {
-      for (int f : linkFlows_[compLinks_[link]]) {
-        if (frozen_[f]) continue;
-        freeze(f, linkShare, scan);
-        --left;
-      }
-    } else {
-      break;  // cannot happen: every flow has a finite maxRate
-    }
-  }
-  applyRates();
-}
-
-void Engine::freeze(int f, double rate, bool scan) {
-  frozen_[f] = 1;
-  newRate_[f] = rate;
-  for (int l : flowPath(f)) {
-    if (linkStamp_[l] != stamp_) continue;
-    const int j = linkLocal_[l];
-    remL_[j] -= rate;
-    shareL_[j] = --cntL_[j] > 0 ? std::max(0.0, remL_[j]) / cntL_[j] : kInf;
-    if (!scan && !isDirty_[j]) {  // one heap entry per changed link and round
-      isDirty_[j] = 1;
-      dirty_.push_back(j);
-    }
-  }
-}
-
-void Engine::applyRates() {
-  for (int f : compFlows_) {
-    Flow& fl = flows_[f];
-    const double r = newRate_[f];
-    if (!fl.fresh && r == fl.rate) continue;
-    settle(fl);
-    fl.rate = r;
-    fl.fresh = false;
-    fl.version = (fl.version + 1) & kVersionMask;
-    const double dt = fl.remaining <= fl.wire * 1e-12 ? 0.0 : fl.remaining / r;
-    push(now_ + dt, Ev::FlowDrain, f, fl.version);
-  }
-}
-
 void Engine::startFlow(int inst) {
   const int g = stepOf(inst);
   const auto& si = steps_[g];
-  int f;
-  if (!freeFlows_.empty()) {
-    f = freeFlows_.back();
-    freeFlows_.pop_back();
-  } else {
-    f = static_cast<int>(flows_.size());
-    flows_.emplace_back();
-  }
-  Flow& fl = flows_[f];
-  fl.inst = inst;
-  fl.conn = si.conn;
-  fl.pathStart = conns_[si.conn].pathStart;
-  fl.pathLen = conns_[si.conn].pathLen;
-  fl.wire = dataBytes(g) / eff_;
-  fl.remaining = fl.wire;
-  fl.rate = 0;
-  fl.last = now_;
-  fl.fresh = true;
-  double mx = p_.flowCapGBps[proto_] > 0 ? p_.flowCapGBps[proto_] * 1e3 / eff_ : kInf;
-  for (int l : connPath(si.conn)) mx = std::min(mx, cap_[l]);
-  fl.maxRate = mx;
+  const Conn& c = conns_[si.conn];
+  const double wire = dataBytes(g) / eff_;
+  const int f = flows_.start(inst, c.pathStart, c.pathLen, wire, maxFlowRate(si.conn), now_);
   flowOf_[inst] = f;
-  const double hop = conns_[si.conn].hopUs;
-  if (fl.wire <= 0) {
-    fl.version = (fl.version + 1) & kVersionMask;
-    fl.fresh = false;
-    push(now_, Ev::FlowDrain, f, fl.version);
+  scheduleDrains();
+  const double hop = c.hopUs;
+  if (wire <= 0) {
     push(now_ + hop, Ev::Head, inst);
     return;
   }
-  for (int l : connPath(si.conn)) linkAdd(l, f);
-  seedBuf_.assign(1, f);
-  recompute(seedBuf_);
   // Head: the hop latency plus one slice at the starting rate (cut-through at slice granularity).
   const double firstSlice = std::min(dataBytes(g), slice_) / eff_;
-  push(now_ + hop + firstSlice / flows_[f].rate, Ev::Head, inst);
+  push(now_ + hop + firstSlice / flows_.rate(f), Ev::Head, inst);
 }
 
 void Engine::onDrain(int f) {
-  Flow& fl = flows_[f];
-  const int inst = fl.inst;
-  settle(fl);
-  if (fl.wire > 0) {
-    seedBuf_.clear();
-    for (int l : connPath(fl.conn)) {
-      linkBytes_[l] += fl.wire;
-      // Only a link that could bind (with f still on it) can pass f's freed share to others.
-      if (!binding(l)) continue;
-      for (int g : linkFlows_[l]) {
-        if (g != f) seedBuf_.push_back(g);
-      }
-    }
-    for (int l : connPath(fl.conn)) linkRemove(l, f);
-    fl.version = (fl.version + 1) & kVersionMask;  // keeps reuse of the id safe
-    fl.inst = -1;
-    freeFlows_.push_back(f);
-    if (!seedBuf_.empty()) recompute(seedBuf_);
-  } else {
-    fl.inst = -1;
-    freeFlows_.push_back(f);
-  }
+  const int inst = flows_.instOf(f);
+  flows_.finish(f, now_);
+  scheduleDrains();
   flowOf_[inst] = -1;
   const int g = stepOf(inst);
   push(now_ + conns_[steps_[g].conn].hopUs, Ev::Tail, inst);
@@ -931,7 +653,7 @@ void Engine::simulateExact() {
         onStepEnd(e.a);
         break;
       case Ev::FlowDrain:
-        if (flows_[e.a].inst >= 0 && flows_[e.a].version == e.version()) onDrain(e.a);
+        if (flows_.current(e.a, e.version())) onDrain(e.a);
         break;
       case Ev::Head:
         onHead(e.a);
@@ -971,7 +693,7 @@ std::string Engine::setUp() {
   exactIters_ = static_cast<int>(std::max<std::uint64_t>(1, k));
   t0_ = std::max(0.0, p_.launchUs) + std::max(0.0, p_.baseLatencyUs[proto_]);
 
-  initLinks();
+  flows_.init(net_, p_, connPaths_);
   return {};
 }
 
@@ -1033,13 +755,16 @@ SimResult Engine::run() {
     }
     total = makespan + static_cast<double>(iterations_ - static_cast<std::uint64_t>(exactIters_)) * delta;
   }
+  const std::vector<double>& cap = flows_.capacity();
+  const std::vector<double>& linkBytes = flows_.linkBytes();
+  const std::vector<double>& busyUs = flows_.busyUs();
   // No link can carry its bytes faster than its capacity: an extrapolation that has not reached the steady state
   // must never report less (this also keeps every result at or above the cut bounds, which use raw bandwidths).
   {
     const double scaleAll = static_cast<double>(iterations_) / exactIters_;
     double floor = t0_;
-    for (std::size_t l = 0; l < cap_.size(); ++l) {
-      if (cap_[l] > 0) floor = std::max(floor, t0_ + linkBytes_[l] * scaleAll / cap_[l]);
+    for (std::size_t l = 0; l < cap.size(); ++l) {
+      if (cap[l] > 0) floor = std::max(floor, t0_ + linkBytes[l] * scaleAll / cap[l]);
     }
     total = std::max(total, floor);
   }
@@ -1051,14 +776,14 @@ SimResult Engine::run() {
   const double scale = static_cast<double>(iterations_) / exactIters_;
   const double exactSpan = makespan - t0_;
   const double fullSpan = total - t0_;
-  r.links.resize(cap_.size());
+  r.links.resize(cap.size());
   double bestU = -1;
-  for (std::size_t l = 0; l < cap_.size(); ++l) {
+  for (std::size_t l = 0; l < cap.size(); ++l) {
     auto& u = r.links[l];
-    u.bytes = linkBytes_[l] * scale;
-    u.busyUs = busyUs_[l];
-    u.busyFraction = exactSpan > 0 ? busyUs_[l] / exactSpan : 0;
-    u.utilisation = fullSpan > 0 && cap_[l] > 0 ? u.bytes / (cap_[l] * fullSpan) : 0;
+    u.bytes = linkBytes[l] * scale;
+    u.busyUs = busyUs[l];
+    u.busyFraction = exactSpan > 0 ? busyUs[l] / exactSpan : 0;
+    u.utilisation = fullSpan > 0 && cap[l] > 0 ? u.bytes / (cap[l] * fullSpan) : 0;
     if (u.bytes > 0) {
       const bool better =
           u.utilisation > bestU || (u.utilisation == bestU && u.bytes > r.links[r.bottleneckLink].bytes);
@@ -1101,7 +826,8 @@ SimResult Engine::run() {
 
 double Engine::lowerBound() {
   if (!setUp().empty()) return 0;
-  std::vector<double> bytes(cap_.size(), 0.0);
+  const std::vector<double>& cap = flows_.capacity();
+  std::vector<double> bytes(cap.size(), 0.0);
   double chainFloor = t0_;
   for (const BlockInfo& bi : blocks_) {
     double chain = 0;
@@ -1113,11 +839,8 @@ double Engine::lowerBound() {
         chain += p_.localCopyGBps > 0 ? dataBytes(g) / (p_.localCopyGBps * 1e3) : 0;
       } else if (sends(si.op) && si.conn >= 0) {
         const double wire = dataBytes(g) / eff_;
-        double mx = p_.flowCapGBps[proto_] > 0 ? p_.flowCapGBps[proto_] * 1e3 / eff_ : kInf;
-        for (int l : connPath(si.conn)) {
-          mx = std::min(mx, cap_[l]);
-          bytes[l] += wire * static_cast<double>(iterations_);
-        }
+        const double mx = maxFlowRate(si.conn);
+        for (int l : connPath(si.conn)) bytes[l] += wire * static_cast<double>(iterations_);
         if (mx < kInf) chain += wire / mx;
       }
     }
@@ -1125,8 +848,8 @@ double Engine::lowerBound() {
     chainFloor = std::max(chainFloor, t0_ + chain * exactIters_);
   }
   double linkFloor = t0_;
-  for (std::size_t l = 0; l < cap_.size(); ++l) {
-    if (cap_[l] > 0) linkFloor = std::max(linkFloor, t0_ + bytes[l] / cap_[l]);
+  for (std::size_t l = 0; l < cap.size(); ++l) {
+    if (cap[l] > 0) linkFloor = std::max(linkFloor, t0_ + bytes[l] / cap[l]);
   }
   return std::max(chainFloor, linkFloor);
 }

@@ -1,0 +1,109 @@
+// The simulator's flow model (docs/simulator.md, "Bandwidth sharing"): every sending step is a flow over its
+// connection's links, and concurrent flows share each link max-min fairly (progressive filling). The model keeps the
+// flows, which flows are on which link, the links' effective capacities and the bytes and busy time they saw; it
+// recomputes rates only for the flows connected through links that can bind. It knows nothing of steps or events:
+// the event loop (simulator.cc) starts and ends flows, and schedules the drain events listed in drains() after each
+// call that can change rates, in that order (the order is part of the bit-for-bit determinism).
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "optiflow/sim/network.h"
+#include "optiflow/sim/simulator.h"
+
+namespace optiflow::sim::detail {
+
+inline constexpr double kInf = std::numeric_limits<double>::infinity();
+// Flow versions travel in 29 bits of an event; they wrap harmlessly.
+inline constexpr std::uint32_t kVersionMask = 0x1fffffffu;
+
+struct Flow {
+  int inst = -1;         // the step instance it moves data for; -1 while the id is free
+  double wire = 0;       // total wire bytes
+  double remaining = 0;  // wire bytes left at `last`
+  double rate = 0;       // wire bytes per us
+  double last = 0;
+  double maxRate = kInf;  // min(cap, every link's effective capacity)
+  int pathStart = 0;      // its connection's path in the paths given to init (copied: the hot loops read it often)
+  int pathLen = 0;
+  std::uint32_t version = 0;  // 29 bits travel in events; wraps harmlessly
+  bool fresh = false;         // started, no drain event scheduled yet
+};
+
+// A flow whose drain time is (re)set: the event loop schedules a drain event for it at `time`.
+struct Drain {
+  double time;
+  int flow;
+  std::uint32_t version;
+};
+
+class FlowModel {
+ public:
+  // Link capacities (raw bandwidth x SimParams::linkEfficiency of its class, in bytes per us). `paths` holds the
+  // link ids of every connection's path; flows refer into it, so it must outlive the model and not change.
+  void init(const Network& net, const SimParams& p, const std::vector<int>& paths);
+
+  // A new flow for step instance `inst` over paths[pathStart, pathStart + pathLen) with `wire` bytes, at most
+  // `maxRate` bytes per us, at time `now`; returns its id. drains() then holds the drain events to schedule.
+  int start(int inst, int pathStart, int pathLen, double wire, double maxRate, double now);
+  // Flow `f` has drained at `now`: it leaves its links, which pass its share on; the id becomes free. drains()
+  // then holds the drain events to schedule.
+  void finish(int f, double now);
+
+  // Whether a drain event of version `version` still speaks for flow `f` (it is active and its rate unchanged).
+  bool current(int f, std::uint32_t version) const { return flows_[f].inst >= 0 && flows_[f].version == version; }
+  int instOf(int f) const { return flows_[f].inst; }
+  double rate(int f) const { return flows_[f].rate; }
+  const std::vector<Drain>& drains() const { return drains_; }
+
+  // Per link (Network link id): effective capacity (bytes per us), wire bytes of drained flows, time with >= 1 flow.
+  const std::vector<double>& capacity() const { return cap_; }
+  const std::vector<double>& linkBytes() const { return linkBytes_; }
+  const std::vector<double>& busyUs() const { return busyUs_; }
+
+ private:
+  std::span<const int> flowPath(int f) const {
+    return std::span<const int>(*paths_).subspan(flows_[f].pathStart, flows_[f].pathLen);
+  }
+  void settle(Flow& f, double now) {
+    f.remaining -= f.rate * (now - f.last);
+    f.last = now;
+  }
+  bool binding(int l) const { return sumMax_[l] > cap_[l] * (1 + 1e-9); }
+  void recompute(const std::vector<int>& seeds, double now);
+  void freeze(int f, double rate, bool scan);
+  void applyRates(double now);
+  void linkAdd(int l, int flow, double now);
+  void linkRemove(int l, int flow, double now);
+
+  const std::vector<int>* paths_ = nullptr;
+  std::vector<Flow> flows_;
+  std::vector<int> freeFlows_;
+  std::vector<Drain> drains_;  // the drain events the last start/finish asks for, in the order to push them
+  std::vector<double> cap_;    // effective wire bytes per us
+  std::vector<double> sumMax_;
+  std::vector<std::vector<int>> linkFlows_;
+  std::vector<double> busySince_, busyUs_, linkBytes_;
+  // scratch for recompute
+  std::vector<std::uint32_t> flowStamp_, linkStamp_;
+  std::uint32_t stamp_ = 0;
+  std::vector<int> compFlows_, compLinks_, seedBuf_;
+  std::vector<char> frozen_;
+  std::vector<double> newRate_;
+  std::vector<int> linkLocal_;  // per link: its index in compLinks_ (valid while linkStamp_ == stamp_)
+  // Per component link (index in compLinks_): capacity left, unfrozen flows, share (max(0, rem) / cnt, +inf when
+  // no flow is left).
+  std::vector<double> remL_, shareL_;
+  std::vector<int> cntL_;
+  std::vector<std::pair<double, int>> sortBuf_;
+  // Lazy min-heap of (share, component link) for large components, and the links whose share changed in this round.
+  std::vector<std::pair<double, int>> heap_;
+  std::vector<int> dirty_;
+  std::vector<char> isDirty_;
+};
+
+}  // namespace optiflow::sim::detail
