@@ -153,7 +153,7 @@ int runCompare(const CompareArgs& a) {
     const sim::NcclPrediction pred = sim::ncclPredict(*topo, *coll, size);
     double ncclUs = 0;
     std::string ncclName =
-        fmt::format("{}/{}/{}ch", sim::toString(pred.algorithm), sim::toString(pred.protocol), pred.channels);
+        fmt::format("{}/{}/{}ch", core::toString(pred.algorithm), core::toString(pred.protocol), pred.channels);
     auto ns = sim::ncclScheduleFor(*topo, *coll, pred);
     if (ns) {
       const sim::SimResult r = sim::simulate(*ns, *topo, size, sim::ncclSimParams(pred, params.launchUs));

@@ -206,7 +206,7 @@ int runBaseline(const PerfArgs& a) {
       if (sched) {
         // NCCL's own caps and host overheads, as the calibration uses them (docs/calibration.md).
         sim::SimParams params = sim::ncclSimParams(p, setup->params.launchUs);
-        params.protocol = sim::toCoreProtocol(p.protocol);
+        params.protocol = p.protocol;
         simulated = sim::simulate(*sched, *net, size, params);
         if (!simulated->ok) simNote = simulated->error;
       } else {
@@ -216,8 +216,8 @@ int runBaseline(const PerfArgs& a) {
     if (a.json) {
       nlohmann::json row = sim::ncclPredictionToJson(p);
       row["size_bytes"] = size;
-      row["algorithm"] = std::string(sim::toString(p.algorithm));
-      row["protocol"] = std::string(sim::toString(p.protocol));
+      row["algorithm"] = std::string(core::toString(p.algorithm));
+      row["protocol"] = std::string(core::toString(p.protocol));
       row["channels"] = p.channels;
       row["time_us"] = p.timeUs;
       row["algbw_gbps"] = p.algbwGBps;
@@ -239,7 +239,7 @@ int runBaseline(const PerfArgs& a) {
                       : fmt::format("  (not simulated: {})", simNote);
       }
       fmt::print("{:>10} {:>9} {:>7} {:>4} {:>11.2f} {:>11.2f} {:>11.2f} {:>11.2f}{}\n", core::formatSize(size),
-                 sim::toString(p.algorithm), sim::toString(p.protocol), p.channels, p.timeUs, p.algbwGBps, p.busbwGBps,
+                 core::toString(p.algorithm), core::toString(p.protocol), p.channels, p.timeUs, p.algbwGBps, p.busbwGBps,
                  b.timeUs, simCols);
     }
   }

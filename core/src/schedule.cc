@@ -6,38 +6,6 @@
 
 namespace optiflow::core {
 
-std::string_view toString(Collective c) {
-  switch (c) {
-    case Collective::AllGather:
-      return "allgather";
-    case Collective::ReduceScatter:
-      return "reducescatter";
-    case Collective::AllReduce:
-      return "allreduce";
-    case Collective::Broadcast:
-      return "broadcast";
-    case Collective::Reduce:
-      return "reduce";
-    case Collective::AllToAll:
-      return "alltoall";
-    case Collective::Custom:
-      return "custom";
-  }
-  return "?";
-}
-
-std::string_view toString(Protocol p) {
-  switch (p) {
-    case Protocol::Simple:
-      return "Simple";
-    case Protocol::LL:
-      return "LL";
-    case Protocol::LL128:
-      return "LL128";
-  }
-  return "?";
-}
-
 std::string_view toString(BufferKind b) {
   switch (b) {
     case BufferKind::Input:
@@ -74,36 +42,6 @@ std::string_view toString(StepOp op) {
   return "?";
 }
 
-namespace {
-std::string normalise(std::string_view s) {
-  std::string out;
-  for (char ch : s) {
-    if (ch == '_' || ch == '-' || ch == ' ') continue;
-    out.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(ch))));
-  }
-  return out;
-}
-}  // namespace
-
-std::optional<Collective> parseCollective(std::string_view s) {
-  const std::string n = normalise(s);
-  if (n == "allgather") return Collective::AllGather;
-  if (n == "reducescatter") return Collective::ReduceScatter;
-  if (n == "allreduce") return Collective::AllReduce;
-  if (n == "broadcast") return Collective::Broadcast;
-  if (n == "reduce") return Collective::Reduce;
-  if (n == "alltoall") return Collective::AllToAll;
-  if (n == "custom") return Collective::Custom;
-  return std::nullopt;
-}
-
-std::optional<Protocol> parseProtocol(std::string_view s) {
-  const std::string n = normalise(s);
-  if (n == "simple") return Protocol::Simple;
-  if (n == "ll") return Protocol::LL;
-  if (n == "ll128") return Protocol::LL128;
-  return std::nullopt;
-}
 
 bool opReceives(StepOp op) {
   return op == StepOp::Recv || op == StepOp::RecvCopySend || op == StepOp::RecvReduceSend ||

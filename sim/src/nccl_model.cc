@@ -21,12 +21,12 @@ using core::Collective;
 using core::IntraFabricKind;
 using core::Topology;
 
-constexpr int kAlgoTree = static_cast<int>(NcclAlgo::Tree);
-constexpr int kAlgoRing = static_cast<int>(NcclAlgo::Ring);
-constexpr int kAlgoPat = static_cast<int>(NcclAlgo::Pat);
-constexpr int kLL = static_cast<int>(NcclProto::LL);
-constexpr int kLL128 = static_cast<int>(NcclProto::LL128);
-constexpr int kSimple = static_cast<int>(NcclProto::Simple);
+constexpr int kAlgoTree = static_cast<int>(core::Algorithm::Tree);
+constexpr int kAlgoRing = static_cast<int>(core::Algorithm::Ring);
+constexpr int kAlgoPat = static_cast<int>(core::Algorithm::Pat);
+constexpr int kLL = static_cast<int>(core::Protocol::LL);
+constexpr int kLL128 = static_cast<int>(core::Protocol::LL128);
+constexpr int kSimple = static_cast<int>(core::Protocol::Simple);
 
 // Index of the per-generation rows: Volta, Ampere, Hopper, Blackwell.
 int archIndex(NcclArch a) {
@@ -72,10 +72,10 @@ std::span<const double> ladder(NcclArch a, bool withNet) {
 
 // ---- 1.3: constant tables ----
 // Base latency per algorithm (Tree, Ring, CollNetDirect, CollNetChain, NVLS, NVLSTree, PAT) x (LL, LL128, Simple).
-constexpr double kBaseLat[kNcclNumAlgos][kNcclNumProtos] = {
+constexpr double kBaseLat[core::kNumAlgorithms][core::kNumProtocols] = {
     {6.8, 14.0, 8.4}, {6.6, 14.0, 8.4}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {8.0, 8.0, 8.0}};
 // Hardware latency per hop: [NVLINK, PCI, NET][algo][proto]. Cells NCCL leaves unset are 0 (never used).
-constexpr double kHwLat[3][kNcclNumAlgos][kNcclNumProtos] = {
+constexpr double kHwLat[3][core::kNumAlgorithms][core::kNumProtocols] = {
     {{0.6, 1.25, 4.0}, {0.6, 1.9, 3.4}, {0, 0, 3.7}, {0, 0, 2.8}, {0, 0, 25}, {0, 0, 25}, {0, 0, 4.0}},
     {{1.0, 1.9, 4.0}, {1.0, 2.5, 5.7}, {0, 0, 3.7}, {0, 0, 2.8}, {0, 0, 0}, {0, 0, 0}, {0, 0, 4.0}},
     {{5.0, 8.5, 14}, {2.7, 4.0, 14.0}, {0, 0, 31}, {0, 0, 30}, {0, 0, 18}, {0, 0, 20.9}, {0, 0, 14}},
@@ -99,7 +99,7 @@ constexpr double kNetOverheadIntel = 1.0;
 constexpr double kNetOverheadAmd = 2.0;
 constexpr double kNetOverheadSimpleFactor = 3.0;
 // Tree correction factor by size, index floor(log2(nBytes / 64)); indices outside 0..22 use 1.0.
-constexpr double kTreeCorrection[kNcclNumProtos][24] = {
+constexpr double kTreeCorrection[core::kNumProtocols][24] = {
     {1, 1, 1, 1, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1, 1, 1, 1, 1},
     {1, 1, 1, 1, 1, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1, 1, 1},
     {.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9}};
@@ -247,50 +247,6 @@ NodeBw intraBandwidth(const Topology& t, NcclArch arch, double pcieBw, std::vect
 
 }  // namespace
 
-std::string_view toString(NcclAlgo a) {
-  switch (a) {
-    case NcclAlgo::Tree:
-      return "Tree";
-    case NcclAlgo::Ring:
-      return "Ring";
-    case NcclAlgo::CollNetDirect:
-      return "CollNetDirect";
-    case NcclAlgo::CollNetChain:
-      return "CollNetChain";
-    case NcclAlgo::Nvls:
-      return "NVLS";
-    case NcclAlgo::NvlsTree:
-      return "NVLSTree";
-    case NcclAlgo::Pat:
-      return "PAT";
-  }
-  return "?";
-}
-
-std::string_view toString(NcclProto p) {
-  switch (p) {
-    case NcclProto::LL:
-      return "LL";
-    case NcclProto::LL128:
-      return "LL128";
-    case NcclProto::Simple:
-      return "Simple";
-  }
-  return "?";
-}
-
-core::Protocol toCoreProtocol(NcclProto p) {
-  switch (p) {
-    case NcclProto::LL:
-      return core::Protocol::LL;
-    case NcclProto::LL128:
-      return core::Protocol::LL128;
-    case NcclProto::Simple:
-      return core::Protocol::Simple;
-  }
-  return core::Protocol::Simple;
-}
-
 std::string_view toString(NcclArch a) {
   switch (a) {
     case NcclArch::Auto:
@@ -428,16 +384,16 @@ int nSteps(Collective c, int n) {
   }
 }
 
-bool algoSupports(NcclAlgo a, Collective c) {
+bool algoSupports(core::Algorithm a, Collective c) {
   switch (c) {
     case Collective::AllReduce:
-      return a != NcclAlgo::Pat;
+      return a != core::Algorithm::Pat;
     case Collective::AllGather:
     case Collective::ReduceScatter:
-      return a == NcclAlgo::Ring || a == NcclAlgo::Pat || a == NcclAlgo::Nvls || a == NcclAlgo::CollNetDirect;
+      return a == core::Algorithm::Ring || a == core::Algorithm::Pat || a == core::Algorithm::Nvls || a == core::Algorithm::CollNetDirect;
     case Collective::Broadcast:
     case Collective::Reduce:
-      return a == NcclAlgo::Ring;
+      return a == core::Algorithm::Ring;
     default:
       return false;
   }
@@ -448,33 +404,33 @@ double log2Floor(int n) { return n > 1 ? std::floor(std::log2(static_cast<double
 // Bandwidth (algbw, GB/s) of ncclTopoTuneModel for one entry, before the size-dependent tree correction; 0 =
 // unusable.
 double modelBandwidth(const NcclTuning& tu, const NcclModelOptions& o, Collective c, int a, int p) {
-  const auto algo = static_cast<NcclAlgo>(a);
+  const auto algo = static_cast<core::Algorithm>(a);
   if (!algoSupports(algo, c)) return 0;
   if (!(o.algorithms & (1u << a)) || !(o.protocols & (1u << p))) return 0;
-  const bool simpleOnly = algo == NcclAlgo::Nvls || algo == NcclAlgo::NvlsTree || algo == NcclAlgo::Pat;
+  const bool simpleOnly = algo == core::Algorithm::Nvls || algo == core::Algorithm::NvlsTree || algo == core::Algorithm::Pat;
   if (simpleOnly && p != kSimple) return 0;
   if (p == kLL128 && !tu.ll128Enabled) return 0;
-  if (algo == NcclAlgo::CollNetDirect || algo == NcclAlgo::CollNetChain) return 0;  // no SHARP in Topology
+  if (algo == core::Algorithm::CollNetDirect || algo == core::Algorithm::CollNetChain) return 0;  // no SHARP in Topology
   const int ai = archIndex(tu.arch);
   const int scale = std::min(tu.nNodes - 1, 2);
   const int n = tu.nRanks;
   const NcclGraph* g = nullptr;
   switch (algo) {
-    case NcclAlgo::Ring:
+    case core::Algorithm::Ring:
       g = &tu.ring;
       break;
-    case NcclAlgo::Tree:
+    case core::Algorithm::Tree:
       g = &tu.tree;
       break;
-    case NcclAlgo::Nvls:
+    case core::Algorithm::Nvls:
       if (!o.enableNvls || tu.nNodes > 1) return 0;  // multi-node NVLS needs CollNet (SHARP)
       g = &tu.nvls;
       break;
-    case NcclAlgo::NvlsTree:
+    case core::Algorithm::NvlsTree:
       if (!o.enableNvls || !o.enableNvlsTree || tu.nNodes == 1 || c != Collective::AllReduce) return 0;
       g = &tu.nvls;
       break;
-    case NcclAlgo::Pat:
+    case core::Algorithm::Pat:
       if (tu.ppn != 1 || tu.nNodes < 2 || o.ncclVersion < kPatMinVersion) return 0;
       g = &tu.ring;
       break;
@@ -485,13 +441,13 @@ double modelBandwidth(const NcclTuning& tu, const NcclModelOptions& o, Collectiv
   const int nCh = g->nChannels;
   const double bw = tu.nNodes <= 2 ? g->bwIntra : g->bwInter;
   double busBw = nCh * bw;
-  if (algo == NcclAlgo::Nvls || algo == NcclAlgo::NvlsTree) {
+  if (algo == core::Algorithm::Nvls || algo == core::Algorithm::NvlsTree) {
     if (nCh < 2) return 0;
     double intra = g->bwIntra * kNvlsEfficiency[ai] * (nCh - 1) / nCh;
     intra *= c == Collective::AllReduce ? 2.0 : static_cast<double>(tu.ppn - 1) / tu.ppn;
-    double inter = g->bwInter * (algo == NcclAlgo::NvlsTree && tu.nNodes <= 2 ? 2.0 : 1.0);
+    double inter = g->bwInter * (algo == core::Algorithm::NvlsTree && tu.nNodes <= 2 ? 2.0 : 1.0);
     double perCh = std::min(intra, inter);
-    if (algo == NcclAlgo::NvlsTree) {
+    if (algo == core::Algorithm::NvlsTree) {
       double cap = kPerChMaxNvlsTreeBw[ai][scale];
       if (tu.arch == NcclArch::Blackwell && scale == 2 && o.ncclVersion < kBlackwellCaps230) {
         cap = kNvlsTreeBlackwellN4Before230;
@@ -502,15 +458,15 @@ double modelBandwidth(const NcclTuning& tu, const NcclModelOptions& o, Collectiv
   }
   const int llRow = tu.nNodes == 1 ? ai : (tu.cpu == NcclCpu::Intel ? 0 : 1);
   const double llMaxBw = kLlMaxBw[llRow][scale];
-  if (algo == NcclAlgo::Ring && p == kLL) busBw = std::min(llMaxBw, kRingLLFactor * busBw);
-  if (algo == NcclAlgo::Ring && p == kLL128) {
+  if (algo == core::Algorithm::Ring && p == kLL) busBw = std::min(llMaxBw, kRingLLFactor * busBw);
+  if (algo == core::Algorithm::Ring && p == kLL128) {
     double perCh = kPerChMaxRingLL128Bw[ai][scale];
     if (tu.arch == NcclArch::Blackwell && o.ncclVersion < kBlackwellCaps230) {
       perCh = kPerChMaxRingLL128BwBlackwell228[scale];
     }
     busBw = std::min(kLL128Factor * busBw, nCh * perCh);
   }
-  if (algo == NcclAlgo::Tree) {
+  if (algo == core::Algorithm::Tree) {
     busBw = std::min(kTreeFactor * busBw, nCh * kPerChMaxTreeBw[ai][scale]);
     if (p == kLL) busBw = std::min(busBw / kTreeLLDivisor, llMaxBw);
     if (p == kLL128) {
@@ -518,18 +474,18 @@ double modelBandwidth(const NcclTuning& tu, const NcclModelOptions& o, Collectiv
                        nCh * kPerChMaxTreeLL128Bw[ai][scale]);
     }
   }
-  if (algo == NcclAlgo::Pat) busBw *= kPatFactor;
+  if (algo == core::Algorithm::Pat) busBw *= kPatFactor;
   // Bus to algorithm bandwidth.
   const bool agRs = c == Collective::AllGather || c == Collective::ReduceScatter;
-  if (algo == NcclAlgo::Ring || ((algo == NcclAlgo::Nvls || algo == NcclAlgo::NvlsTree) && !agRs)) {
+  if (algo == core::Algorithm::Ring || ((algo == core::Algorithm::Nvls || algo == core::Algorithm::NvlsTree) && !agRs)) {
     return busBw * n / nSteps(c, n);
   }
-  if (algo == NcclAlgo::Tree) return busBw * 0.5;
+  if (algo == core::Algorithm::Tree) return busBw * 0.5;
   return busBw;  // PAT and NVLS AG/RS: used as algbw
 }
 
 double modelLatency(const NcclTuning& tu, const NcclModelOptions& /*o*/, Collective c, int a, int p) {
-  const auto algo = static_cast<NcclAlgo>(a);
+  const auto algo = static_cast<core::Algorithm>(a);
   const int hw = tu.ring.nvlinkIntra ? kHwNvLink : kHwPci;
   const double intra = kHwLat[hw][a][p];
   // latencyInter is 0 for the IB and socket transports, so the Simple "flush" adds nothing.
@@ -538,7 +494,7 @@ double modelLatency(const NcclTuning& tu, const NcclModelOptions& /*o*/, Collect
   const int n = tu.nRanks;
   const double depth = log2Floor(tu.nNodes);
   switch (algo) {
-    case NcclAlgo::Ring: {
+    case core::Algorithm::Ring: {
       const int steps = nSteps(c, n);
       if (c == Collective::Broadcast || c == Collective::Reduce) {
         // One shared ring order on one node: one hop. Otherwise one per step (Simple from the Tree row),
@@ -558,17 +514,17 @@ double modelLatency(const NcclTuning& tu, const NcclModelOptions& /*o*/, Collect
       }
       return base + (steps - interSteps) * intraStep + interSteps * inter;
     }
-    case NcclAlgo::Tree:
+    case core::Algorithm::Tree:
       return base + 2 * ((tu.ppn - 1) * intra + depth * inter);
-    case NcclAlgo::Nvls:
+    case core::Algorithm::Nvls:
       return intra + (tu.nNodes > 1 ? inter : 0);
-    case NcclAlgo::NvlsTree:
+    case core::Algorithm::NvlsTree:
       return base + intra + 2 * depth * inter;
-    case NcclAlgo::Pat:
+    case core::Algorithm::Pat:
       return kPatLatBase + depth * inter / kPatInterDivisor + n * kPatPerRank;
-    case NcclAlgo::CollNetDirect:
+    case core::Algorithm::CollNetDirect:
       return base + 2 * (std::min(1, tu.ppn - 1) * intra + (tu.ppn - 1) * 0.4) + inter;
-    case NcclAlgo::CollNetChain:
+    case core::Algorithm::CollNetChain:
       return base + 2 * (tu.ppn - 1) * intra + inter;
   }
   return -1;
@@ -587,7 +543,7 @@ void pickChannels(NcclPrediction& pr, const NcclTuning& tu) {
   const int a = static_cast<int>(pr.algorithm);
   const int p = static_cast<int>(pr.protocol);
   const double bytes = static_cast<double>(pr.sizeBytes);
-  if (pr.algorithm == NcclAlgo::Nvls || pr.algorithm == NcclAlgo::NvlsTree) {
+  if (pr.algorithm == core::Algorithm::Nvls || pr.algorithm == core::Algorithm::NvlsTree) {
     pr.channels = tu.nvlsChannels;
     pr.threads = 0;  // 1.6 gives no NVLS thread count
     pr.graphChannels = tu.nvls.nChannels;
@@ -647,8 +603,8 @@ NcclPrediction ncclPredict(const NcclTuning& tu, Collective collective, std::uin
   }
   const double bytes = static_cast<double>(sizeBytes);
   double best = -1;
-  for (int a = 0; a < kNcclNumAlgos; ++a) {
-    for (int p = 0; p < kNcclNumProtos; ++p) {
+  for (int a = 0; a < core::kNumAlgorithms; ++a) {
+    for (int p = 0; p < core::kNumProtocols; ++p) {
       double bw = modelBandwidth(tu, options, collective, a, p);
       if (bw <= 0) continue;
       if (a == kAlgoTree && collective == Collective::AllReduce) bw *= treeCorrection(p, sizeBytes);
@@ -663,8 +619,8 @@ NcclPrediction ncclPredict(const NcclTuning& tu, Collective collective, std::uin
       pr.time[a][p] = t;
       if (best < 0 || t < best) {
         best = t;
-        pr.algorithm = static_cast<NcclAlgo>(a);
-        pr.protocol = static_cast<NcclProto>(p);
+        pr.algorithm = static_cast<core::Algorithm>(a);
+        pr.protocol = static_cast<core::Protocol>(p);
       }
     }
   }
@@ -699,12 +655,12 @@ nlohmann::json ncclPredictionToJson(const NcclPrediction& p, bool withTable) {
     j["threads"] = p.threads;
     j["graph_channels"] = p.graphChannels;
     nlohmann::json table = nlohmann::json::object();
-    for (int a = 0; a < kNcclNumAlgos; ++a) {
+    for (int a = 0; a < core::kNumAlgorithms; ++a) {
       nlohmann::json row = nlohmann::json::object();
-      for (int pr = 0; pr < kNcclNumProtos; ++pr) {
-        row[std::string(toString(static_cast<NcclProto>(pr)))] = p.time[a][pr];
+      for (int pr = 0; pr < core::kNumProtocols; ++pr) {
+        row[std::string(toString(static_cast<core::Protocol>(pr)))] = p.time[a][pr];
       }
-      table[std::string(toString(static_cast<NcclAlgo>(a)))] = row;
+      table[std::string(toString(static_cast<core::Algorithm>(a)))] = row;
     }
     j["table"] = table;
   }

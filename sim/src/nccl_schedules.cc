@@ -338,12 +338,12 @@ core::Result<Schedule> ncclScheduleFor(const core::Topology& t, Collective c, co
   if (!p.ok()) return core::Diagnostic{"<nccl>", 0, 0, p.error};
   NcclScheduleOptions o = base;
   o.channels = std::max(1, p.channels);
-  o.protocol = toCoreProtocol(p.protocol);
+  o.protocol = p.protocol;
   if (t.nRanks() != p.nRanks) {
     return core::Diagnostic{"<nccl>", 0, 0,
                             fmt::format("prediction is for {} ranks, topology has {}", p.nRanks, t.nRanks())};
   }
-  if (p.algorithm == NcclAlgo::Ring) {
+  if (p.algorithm == core::Algorithm::Ring) {
     switch (c) {
       case Collective::AllGather:
         return ncclRingAllGather(t, o);
@@ -359,7 +359,7 @@ core::Result<Schedule> ncclScheduleFor(const core::Topology& t, Collective c, co
         break;
     }
   }
-  if (p.algorithm == NcclAlgo::Tree && c == Collective::AllReduce) return ncclTreeAllReduce(t, o);
+  if (p.algorithm == core::Algorithm::Tree && c == Collective::AllReduce) return ncclTreeAllReduce(t, o);
   return core::Diagnostic{"<nccl>", 0, 0,
                           fmt::format("NCCL's {} {} is not expressible as schedule IR here (only Ring and Tree are; "
                                       "NVLS reduces inside the switch, PAT and CollNet are not generated)",
@@ -370,12 +370,12 @@ SimParams ncclSimParams(const NcclPrediction& p, double launchUs) {
   SimParams s;
   s.launchUs = launchUs;
   s.netOverheadUs = p.tuning.cpu == NcclCpu::Amd ? 2.0 : 1.0;
-  if (p.ok() && p.algorithm == NcclAlgo::Ring && p.channels > 0) {
+  if (p.ok() && p.algorithm == core::Algorithm::Ring && p.channels > 0) {
     const double factor = core::busBandwidthFactor(p.collective, p.nRanks);
-    const int ring = static_cast<int>(NcclAlgo::Ring);
-    for (NcclProto q : {NcclProto::LL, NcclProto::LL128}) {
+    const int ring = static_cast<int>(core::Algorithm::Ring);
+    for (core::Protocol q : {core::Protocol::LL, core::Protocol::LL128}) {
       const double bw = p.bandwidth[ring][static_cast<int>(q)];
-      if (bw > 0) s.flowCapGBps[protocolIndex(toCoreProtocol(q))] = bw * factor / p.channels;
+      if (bw > 0) s.flowCapGBps[protocolIndex(q)] = bw * factor / p.channels;
     }
   }
   return s;

@@ -32,7 +32,7 @@ std::string configOf(const compiler::CompileOptions& o, const Evaluation& e) {
 }
 
 NativeChoice nativeOf(const sim::NcclPrediction& p, double timeUs) {
-  return {std::string(sim::toString(p.algorithm)), std::string(sim::toString(p.protocol)), p.channels, timeUs};
+  return {std::string(core::toString(p.algorithm)), std::string(core::toString(p.protocol)), p.channels, timeUs};
 }
 
 // The search for the best NCCL-native configuration skips schedules larger than this: on a thousand GPUs one ring
@@ -66,13 +66,13 @@ void baselines(const core::Topology& topo, const SynthConfig& cfg, Evaluator& ev
   sb.nccl = nativeOf(pred, timeOf(pred, 0));
   sb.bestNative = sb.nccl;
   const int maxChannels = std::max({tuning.commChannels, pred.channels, 1});
-  for (int a = 0; a < sim::kNcclNumAlgos; ++a) {
-    for (int pr = 0; pr < sim::kNcclNumProtos; ++pr) {
+  for (int a = 0; a < core::kNumAlgorithms; ++a) {
+    for (int pr = 0; pr < core::kNumProtocols; ++pr) {
       if (pred.time[static_cast<std::size_t>(a)][static_cast<std::size_t>(pr)] < 0) continue;
       for (int ch = 1; ch <= maxChannels; ch *= 2) {
         sim::NcclPrediction p = pred;
-        p.algorithm = static_cast<sim::NcclAlgo>(a);
-        p.protocol = static_cast<sim::NcclProto>(pr);
+        p.algorithm = static_cast<core::Algorithm>(a);
+        p.protocol = static_cast<core::Protocol>(pr);
         p.channels = ch;
         if (p.algorithm == pred.algorithm && p.protocol == pred.protocol && p.channels == pred.channels) continue;
         const double t = timeOf(p, sb.bestNative.timeUs);

@@ -78,8 +78,8 @@ TEST(NcclModel, GraphSearchMatchesSheetTable) {
 // Model busBw of Ring/Simple at a size where latency vanishes: 240 / 360 / 192 / 384 (1.2 table).
 TEST(NcclModel, RingSimpleModelBusBwMatchesSheet) {
   NcclModelOptions ringSimple;
-  ringSimple.algorithms = ncclAlgoBit(NcclAlgo::Ring);
-  ringSimple.protocols = ncclProtoBit(NcclProto::Simple);
+  ringSimple.algorithms = ncclAlgoBit(core::Algorithm::Ring);
+  ringSimple.protocols = ncclProtoBit(core::Protocol::Simple);
   const std::vector<std::pair<std::string, double>> rows = {
       {"dgx-a100", 240}, {"dgx-h100", 360}, {"dgx-a100x2", 192}, {"dgx-a100x4", 192}, {"dgx-h100x4", 384}};
   for (const auto& [topo, bus] : rows) {
@@ -89,7 +89,7 @@ TEST(NcclModel, RingSimpleModelBusBwMatchesSheet) {
   }
   // NVLS on one H100 node: 8 x min(40 x 0.85 x 7/8 x 2, 60) = 476 AllReduce busBw; 208.25 AllGather algbw.
   NcclModelOptions nvls;
-  nvls.algorithms = ncclAlgoBit(NcclAlgo::Nvls);
+  nvls.algorithms = ncclAlgoBit(core::Algorithm::Nvls);
   const auto ar = ncclPredict(preset("dgx-h100"), Collective::AllReduce, 1ull << 50, nvls);
   EXPECT_NEAR(ar.busbwGBps, 476, 0.05);
   const auto ag = ncclPredict(preset("dgx-h100"), Collective::AllGather, 1ull << 50, nvls);
@@ -193,10 +193,10 @@ TEST(NcclModel, H100OneNodeColumns) {
   EXPECT_NEAR(ncclPredict(preset("dgx-h100"), Collective::AllReduce, kMiB).busbwGBps, 66, 0.5);
   EXPECT_NEAR(ncclPredict(preset("dgx-h100"), Collective::AllGather, kMiB).busbwGBps, 53, 0.5);
   // Ring/LL -> NVLS crossover at about 1.1 MiB (15 + S/80.6 = 25 + S/272).
-  EXPECT_EQ(ncclPredict(preset("dgx-h100"), Collective::AllReduce, 1100 * kKiB).algorithm, NcclAlgo::Ring);
-  EXPECT_EQ(ncclPredict(preset("dgx-h100"), Collective::AllReduce, 1200 * kKiB).algorithm, NcclAlgo::Nvls);
+  EXPECT_EQ(ncclPredict(preset("dgx-h100"), Collective::AllReduce, 1100 * kKiB).algorithm, core::Algorithm::Ring);
+  EXPECT_EQ(ncclPredict(preset("dgx-h100"), Collective::AllReduce, 1200 * kKiB).algorithm, core::Algorithm::Nvls);
   // H200 is the same fabric.
-  EXPECT_EQ(ncclPredict(preset("hgx-h200"), Collective::AllReduce, 64 * kMiB).algorithm, NcclAlgo::Nvls);
+  EXPECT_EQ(ncclPredict(preset("hgx-h200"), Collective::AllReduce, 64 * kMiB).algorithm, core::Algorithm::Nvls);
 }
 
 TEST(NcclModel, H100FourNodeColumns) {
@@ -240,7 +240,7 @@ TEST(NcclModel, CalibrationA100SweepModelColumn) {
     // The column keeps 2-3 significant digits: compare within half a unit of the last one (at least 0.5 %).
     const double tol = std::max(r.busbw * 0.005, r.busbw < 1 ? 0.005 : (r.busbw < 100 ? 0.05 : 0.5));
     EXPECT_NEAR(p.busbwGBps, r.busbw, tol);
-    EXPECT_EQ(p.algorithm, NcclAlgo::Ring);
+    EXPECT_EQ(p.algorithm, core::Algorithm::Ring);
     EXPECT_EQ(toString(p.protocol), r.proto);
   }
   EXPECT_NEAR(ncclPredict(tu, Collective::AllReduce, kKiB).timeUs, 15.0, 0.05);
@@ -255,40 +255,40 @@ TEST(NcclModel, PatOneGpuPerNode) {
     ASSERT_TRUE(t.validate().empty());
     const auto p = ncclPredict(t, Collective::AllGather, 0);
     ASSERT_TRUE(p.ok());
-    EXPECT_NEAR(p.time[static_cast<int>(NcclAlgo::Pat)][static_cast<int>(NcclProto::Simple)], pat, 0.05);
-    EXPECT_NEAR(p.time[static_cast<int>(NcclAlgo::Ring)][static_cast<int>(NcclProto::LL)], ringLL, 0.05);
-    EXPECT_EQ(p.algorithm, NcclAlgo::Pat);
+    EXPECT_NEAR(p.time[static_cast<int>(core::Algorithm::Pat)][static_cast<int>(core::Protocol::Simple)], pat, 0.05);
+    EXPECT_NEAR(p.time[static_cast<int>(core::Algorithm::Ring)][static_cast<int>(core::Protocol::LL)], ringLL, 0.05);
+    EXPECT_EQ(p.algorithm, core::Algorithm::Pat);
     NcclModelOptions old;
     old.ncclVersion = 22206;  // before PAT
-    EXPECT_LT(ncclPredict(t, Collective::AllGather, 0, old).time[static_cast<int>(NcclAlgo::Pat)][2], 0);
+    EXPECT_LT(ncclPredict(t, Collective::AllGather, 0, old).time[static_cast<int>(core::Algorithm::Pat)][2], 0);
   }
 }
 
 // NVLSTree is off by default (the sheet's H100 4x8 column is Tree/Ring); opted in, it takes the mid-large range.
 TEST(NcclModel, NvlsTreeOptIn) {
   const core::Topology t = preset("dgx-h100x4");
-  const int nvlsTree = static_cast<int>(NcclAlgo::NvlsTree);
+  const int nvlsTree = static_cast<int>(core::Algorithm::NvlsTree);
   EXPECT_LT(ncclPredict(t, Collective::AllReduce, 256 * kMiB).time[nvlsTree][2], 0);
   NcclModelOptions on;
   on.enableNvlsTree = true;
   const auto p = ncclPredict(t, Collective::AllReduce, 256 * kMiB, on);
-  EXPECT_EQ(p.algorithm, NcclAlgo::NvlsTree);
+  EXPECT_EQ(p.algorithm, core::Algorithm::NvlsTree);
   // 8 x min(40 x 0.85 x 7/8 x 2, 48, 45.5) = 364 busBw; latency 25 + 2 x 2 x 20.9 = 108.6 us.
   EXPECT_NEAR(p.latency[nvlsTree][2], 108.6, 1e-9);
   EXPECT_NEAR(p.bandwidth[nvlsTree][2], 364.0 * 32 / 62, 1e-9);
   fmt::print("NVLSTree dgx-h100x4 AR 256MiB busbw {:.1f}\n", p.busbwGBps);
-  EXPECT_EQ(ncclPredict(t, Collective::AllReduce, 4 * kMiB, on).algorithm, NcclAlgo::Tree);
+  EXPECT_EQ(ncclPredict(t, Collective::AllReduce, 4 * kMiB, on).algorithm, core::Algorithm::Tree);
 }
 
 TEST(NcclModel, CostTableMarksUnusableEntries) {
   const auto p = ncclPredict(preset("dgx-a100"), Collective::AllGather, kMiB);
   // AllGather: no Tree; A100: no NVLS; no CollNet without SHARP; no PAT with 8 GPUs per node.
-  for (int proto = 0; proto < kNcclNumProtos; ++proto) {
-    for (NcclAlgo a : {NcclAlgo::Tree, NcclAlgo::Nvls, NcclAlgo::NvlsTree, NcclAlgo::CollNetDirect,
-                       NcclAlgo::CollNetChain, NcclAlgo::Pat}) {
+  for (int proto = 0; proto < core::kNumProtocols; ++proto) {
+    for (core::Algorithm a : {core::Algorithm::Tree, core::Algorithm::Nvls, core::Algorithm::NvlsTree, core::Algorithm::CollNetDirect,
+                       core::Algorithm::CollNetChain, core::Algorithm::Pat}) {
       EXPECT_EQ(p.time[static_cast<int>(a)][proto], -1.0) << toString(a);
     }
-    EXPECT_GT(p.time[static_cast<int>(NcclAlgo::Ring)][proto], 0);
+    EXPECT_GT(p.time[static_cast<int>(core::Algorithm::Ring)][proto], 0);
   }
   // The choice is the minimum of the table.
   double best = 1e300;
@@ -299,7 +299,7 @@ TEST(NcclModel, CostTableMarksUnusableEntries) {
   }
   EXPECT_DOUBLE_EQ(best, p.timeUs);
   // Broadcast is Ring only; AllToAll is not in NCCL's model.
-  EXPECT_EQ(ncclPredict(preset("dgx-h100x2"), Collective::Broadcast, kMiB).algorithm, NcclAlgo::Ring);
+  EXPECT_EQ(ncclPredict(preset("dgx-h100x2"), Collective::Broadcast, kMiB).algorithm, core::Algorithm::Ring);
   EXPECT_FALSE(ncclPredict(preset("dgx-a100"), Collective::AllToAll, kMiB).ok());
 }
 
@@ -309,8 +309,8 @@ TEST(NcclModel, RuntimeChannelsShrinkForSmallMessages) {
   const auto small = ncclPredict(tu, Collective::AllReduce, kKiB);
   EXPECT_EQ(small.channels, 1);
   const auto mid = ncclPredict(tu, Collective::AllReduce, 256 * kKiB);
-  EXPECT_EQ(mid.algorithm, NcclAlgo::Ring);
-  EXPECT_EQ(mid.protocol, NcclProto::LL);
+  EXPECT_EQ(mid.algorithm, core::Algorithm::Ring);
+  EXPECT_EQ(mid.protocol, core::Protocol::LL);
   EXPECT_EQ(mid.channels, 8);  // 256 KiB / 32 KiB
   const auto big = ncclPredict(tu, Collective::AllReduce, kGiB);
   EXPECT_EQ(big.channels, 24);
@@ -324,7 +324,7 @@ TEST(NcclModel, CpuVendorChangesMultiNodeLatency) {
   const auto amd = ncclPredict(preset("dgx-a100x2"), Collective::AllGather, kKiB);
   const auto itl = ncclPredict(preset("dgx-a100x2"), Collective::AllGather, kKiB, intel);
   // Ring/LL: 14 intra steps at max(0.6, overhead): 2.0 (AMD) vs 1.0 (Intel) -> 14 us apart.
-  const int ring = static_cast<int>(NcclAlgo::Ring);
+  const int ring = static_cast<int>(core::Algorithm::Ring);
   EXPECT_NEAR(amd.latency[ring][0] - itl.latency[ring][0], 14.0, 1e-9);
   // The llMaxBw row follows the CPU on several nodes: AMD 22.5, Intel 39.0 at N2.
   EXPECT_NEAR(amd.bandwidth[ring][0], 22.5 * 16 / 15, 1e-9);
@@ -490,14 +490,14 @@ TEST(NcclSchedules, ScheduleForFollowsTheModel) {
     const char* topo;
     Collective c;
     std::uint64_t size;
-    NcclAlgo algo;
+    core::Algorithm algo;
   };
-  for (const Case& k : {Case{"dgx-a100", Collective::AllReduce, 64 * kMiB, NcclAlgo::Ring},
-                        Case{"dgx-a100x2", Collective::AllReduce, kMiB, NcclAlgo::Tree},
-                        Case{"dgx-a100x2", Collective::AllGather, kGiB, NcclAlgo::Ring},
-                        Case{"dgx-h100x4", Collective::AllReduce, 4 * kMiB, NcclAlgo::Tree},
-                        Case{"dgx-h100x4", Collective::ReduceScatter, 64 * kMiB, NcclAlgo::Ring},
-                        Case{"dgx-a100x2", Collective::Broadcast, 64 * kMiB, NcclAlgo::Ring}}) {
+  for (const Case& k : {Case{"dgx-a100", Collective::AllReduce, 64 * kMiB, core::Algorithm::Ring},
+                        Case{"dgx-a100x2", Collective::AllReduce, kMiB, core::Algorithm::Tree},
+                        Case{"dgx-a100x2", Collective::AllGather, kGiB, core::Algorithm::Ring},
+                        Case{"dgx-h100x4", Collective::AllReduce, 4 * kMiB, core::Algorithm::Tree},
+                        Case{"dgx-h100x4", Collective::ReduceScatter, 64 * kMiB, core::Algorithm::Ring},
+                        Case{"dgx-a100x2", Collective::Broadcast, 64 * kMiB, core::Algorithm::Ring}}) {
     const core::Topology t = preset(k.topo);
     const auto p = ncclPredict(t, k.c, k.size);
     ASSERT_TRUE(p.ok());
@@ -507,14 +507,14 @@ TEST(NcclSchedules, ScheduleForFollowsTheModel) {
     auto s = ncclScheduleFor(t, k.c, p, base);
     ASSERT_TRUE(s.ok()) << s.error().str();
     EXPECT_EQ(s->nChannels, p.channels);
-    EXPECT_EQ(s->protocol, toCoreProtocol(p.protocol));
+    EXPECT_EQ(s->protocol, p.protocol);
     EXPECT_EQ(s->collective, k.c);
     const auto v = compiler::verify(*s);
     EXPECT_TRUE(v.proven) << verifyText(v);
   }
   // NVLS (one H100 node, large AllReduce) is not expressible.
   const auto nvls = ncclPredict(preset("dgx-h100"), Collective::AllReduce, kGiB);
-  EXPECT_EQ(nvls.algorithm, NcclAlgo::Nvls);
+  EXPECT_EQ(nvls.algorithm, core::Algorithm::Nvls);
   EXPECT_FALSE(ncclScheduleFor(preset("dgx-h100"), Collective::AllReduce, nvls).ok());
 }
 
@@ -559,10 +559,10 @@ std::vector<Comparison> compareModelAndSimulator() {
     for (Collective c : {Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter}) {
       for (std::uint64_t size : {kMiB, 16 * kMiB, 64 * kMiB, 256 * kMiB, kGiB}) {
         NcclPrediction p = ncclPredict(tu, c, size);
-        if (p.algorithm != NcclAlgo::Ring && p.algorithm != NcclAlgo::Tree) {
+        if (p.algorithm != core::Algorithm::Ring && p.algorithm != core::Algorithm::Tree) {
           // Not expressible (NVLS): compare NCCL's Ring instead.
           NcclModelOptions ring;
-          ring.algorithms = ncclAlgoBit(NcclAlgo::Ring);
+          ring.algorithms = ncclAlgoBit(core::Algorithm::Ring);
           p = ncclPredict(tu, c, size, ring);
         }
         NcclScheduleOptions base;

@@ -9,11 +9,9 @@
 #include <string_view>
 #include <vector>
 
+#include "optiflow/core/vocabulary.h"
+
 namespace optiflow::core {
-
-enum class Collective : std::uint8_t { AllGather, ReduceScatter, AllReduce, Broadcast, Reduce, AllToAll, Custom };
-
-enum class Protocol : std::uint8_t { Simple, LL, LL128 };
 
 enum class BufferKind : std::uint8_t { Input, Output, Scratch };
 
@@ -100,12 +98,8 @@ struct Schedule {
   friend bool operator==(const Schedule&, const Schedule&) = default;
 };
 
-std::string_view toString(Collective c);
-std::string_view toString(Protocol p);
 std::string_view toString(BufferKind b);
 std::string_view toString(StepOp op);
-std::optional<Collective> parseCollective(std::string_view s);  // accepts MSCCL and our spellings
-std::optional<Protocol> parseProtocol(std::string_view s);
 
 // What each op touches, so consumers do not each re-derive it.
 bool opReceives(StepOp op);

@@ -23,15 +23,8 @@
 
 namespace optiflow::sim {
 
-// NCCL's algorithm and protocol indices, in NCCL's order (the tables below are indexed by them).
-enum class NcclAlgo : std::uint8_t { Tree, Ring, CollNetDirect, CollNetChain, Nvls, NvlsTree, Pat };
-enum class NcclProto : std::uint8_t { LL, LL128, Simple };
-inline constexpr int kNcclNumAlgos = 7;
-inline constexpr int kNcclNumProtos = 3;
-
-std::string_view toString(NcclAlgo a);   // "Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT"
-std::string_view toString(NcclProto p);  // "LL", "LL128", "Simple"
-core::Protocol toCoreProtocol(NcclProto p);
+// NCCL's algorithms and protocols are core::Algorithm and core::Protocol (core/vocabulary.h), in NCCL's order: the
+// tables below are indexed by them.
 
 // The GPU generation selects NCCL's constant rows (per-link NVLink bw, search ladders, caps, NVLS efficiency).
 enum class NcclArch : std::uint8_t { Auto, Volta, Ampere, Hopper, Blackwell };
@@ -44,11 +37,11 @@ enum class NcclCpu : std::uint8_t { Auto, Intel, Amd };
 std::string_view toString(NcclArch a);
 std::string_view toString(NcclCpu c);
 
-// A bit per NcclAlgo / NcclProto (what NCCL_ALGO / NCCL_PROTO allow).
-inline constexpr std::uint32_t kNcclAllAlgos = (1u << kNcclNumAlgos) - 1;
-inline constexpr std::uint32_t kNcclAllProtos = (1u << kNcclNumProtos) - 1;
-constexpr std::uint32_t ncclAlgoBit(NcclAlgo a) { return 1u << static_cast<unsigned>(a); }
-constexpr std::uint32_t ncclProtoBit(NcclProto p) { return 1u << static_cast<unsigned>(p); }
+// A bit per core::Algorithm / core::Protocol (what NCCL_ALGO / NCCL_PROTO allow).
+inline constexpr std::uint32_t kNcclAllAlgos = (1u << core::kNumAlgorithms) - 1;
+inline constexpr std::uint32_t kNcclAllProtos = (1u << core::kNumProtocols) - 1;
+constexpr std::uint32_t ncclAlgoBit(core::Algorithm a) { return 1u << static_cast<unsigned>(a); }
+constexpr std::uint32_t ncclProtoBit(core::Protocol p) { return 1u << static_cast<unsigned>(p); }
 
 struct NcclModelOptions {
   NcclArch arch = NcclArch::Auto;  // Auto: from Topology::gpuType (V100, A100/A800, H100/H200/H800, B100/B200)
@@ -100,15 +93,15 @@ struct NcclTuning {
 NcclTuning ncclTune(const core::Topology& topo, const NcclModelOptions& options = {});
 
 // latency (us), bandwidth (GB/s of user buffer, i.e. algbw) and time per (algo, proto); -1 where unusable.
-using NcclTable = std::array<std::array<double, kNcclNumProtos>, kNcclNumAlgos>;
+using NcclTable = std::array<std::array<double, core::kNumProtocols>, core::kNumAlgorithms>;
 
 struct NcclPrediction {
   std::string error;  // non-empty when NCCL's model has nothing for this case (then the numbers below are -1)
   core::Collective collective = core::Collective::AllReduce;
   std::uint64_t sizeBytes = 0;
   int nRanks = 0;
-  NcclAlgo algorithm = NcclAlgo::Ring;
-  NcclProto protocol = NcclProto::Simple;
+  core::Algorithm algorithm = core::Algorithm::Ring;
+  core::Protocol protocol = core::Protocol::Simple;
   int channels = 0;       // runtime channels NCCL launches for this size (1.6 "Channels")
   int threads = 0;        // threads per channel it launches
   int graphChannels = 0;  // the chosen algorithm's graph channels, which the bandwidth model uses

@@ -36,8 +36,19 @@ inline constexpr double kLaunchUsHost = 28.0;
 // The most loop iterations simulate() will simulate exactly while waiting for a steady state.
 inline constexpr int kMaxAdaptiveIterations = 16;
 
-// Index of a protocol in the per-protocol arrays below: Simple 0, LL 1, LL128 2 (core::Protocol's order).
-constexpr int protocolIndex(core::Protocol p) { return static_cast<int>(p); }
+// Index of a protocol in the per-protocol arrays below: Simple 0, LL 1, LL128 2. The arrays keep the order their
+// calibration was written in; core::Protocol enumerates in NCCL's order (LL, LL128, Simple).
+constexpr int protocolIndex(core::Protocol p) {
+  switch (p) {
+    case core::Protocol::Simple:
+      return 0;
+    case core::Protocol::LL:
+      return 1;
+    case core::Protocol::LL128:
+      return 2;
+  }
+  return 0;
+}
 
 // Every cost constant of the simulator, in one place; the calibration tunes these defaults globally.
 // Per-protocol arrays are indexed by protocolIndex (Simple, LL, LL128); per-hop-class arrays by HopClass
