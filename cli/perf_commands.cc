@@ -239,8 +239,8 @@ int runBaseline(const PerfArgs& a) {
                       : fmt::format("  (not simulated: {})", simNote);
       }
       fmt::print("{:>10} {:>9} {:>7} {:>4} {:>11.2f} {:>11.2f} {:>11.2f} {:>11.2f}{}\n", core::formatSize(size),
-                 core::toString(p.algorithm), core::toString(p.protocol), p.channels, p.timeUs, p.algbwGBps, p.busbwGBps,
-                 b.timeUs, simCols);
+                 core::toString(p.algorithm), core::toString(p.protocol), p.channels, p.timeUs, p.algbwGBps,
+                 p.busbwGBps, b.timeUs, simCols);
     }
   }
   if (a.json) {

@@ -25,8 +25,9 @@ using core::TransferKind;
 
 namespace {
 
-// Data bytes per wire byte, by protocol (docs/simulator.md, protocolEfficiency).
-constexpr double kProtocolEfficiency[3] = {1.0, 0.5, 120.0 / 128.0};
+// Data bytes per wire byte, by protocol in core::Protocol's order (LL, LL128, Simple) (docs/simulator.md,
+// protocolEfficiency).
+constexpr double kProtocolEfficiency[core::kNumProtocols] = {0.5, 120.0 / 128.0, 1.0};
 
 }  // namespace
 

@@ -20,9 +20,10 @@ namespace optiflow::compiler::detail {
 
 namespace {
 
-// What every communicating step costs beyond its data in the list scheduler's estimate, by protocol (Simple, LL,
-// LL128): the simulator's calibrated per-step synchronisation (docs/simulator.md, SimParams::stepSyncUs).
-constexpr double kStepSyncUs[3] = {9.0, 0.0, 1.0};
+// What every communicating step costs beyond its data in the list scheduler's estimate, by protocol in
+// core::Protocol's order (LL, LL128, Simple): the simulator's calibrated per-step synchronisation
+// (docs/simulator.md, SimParams::stepSyncUs).
+constexpr double kStepSyncUs[core::kNumProtocols] = {0.0, 1.0, 9.0};
 
 class ListRun {
  public:

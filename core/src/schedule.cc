@@ -42,7 +42,6 @@ std::string_view toString(StepOp op) {
   return "?";
 }
 
-
 bool opReceives(StepOp op) {
   return op == StepOp::Recv || op == StepOp::RecvCopySend || op == StepOp::RecvReduceSend ||
          op == StepOp::RecvReduceCopy || op == StepOp::RecvReduceCopySend;

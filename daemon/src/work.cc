@@ -48,7 +48,7 @@ core::Result<std::optional<int>> WorkLoop::Impl::synthesize(const Workload& w, c
                                                             const core::Topology& topo, const std::string& fp,
                                                             const std::atomic<bool>& stop) {
   const std::string name = collName(w.collective);
-  const std::optional<core::Collective> coll = core::parseCollective(name);
+  const std::optional<core::Collective> coll = core::collectiveFromNcclFunc(static_cast<int>(w.collective));
   if (!coll) return diag("<work>", fmt::format("collective {} has no synthesis", name));
   synth::SynthesisSpec spec;
   synth::SynthConfig& sc = spec.config;

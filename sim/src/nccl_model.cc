@@ -390,7 +390,8 @@ bool algoSupports(core::Algorithm a, Collective c) {
       return a != core::Algorithm::Pat;
     case Collective::AllGather:
     case Collective::ReduceScatter:
-      return a == core::Algorithm::Ring || a == core::Algorithm::Pat || a == core::Algorithm::Nvls || a == core::Algorithm::CollNetDirect;
+      return a == core::Algorithm::Ring || a == core::Algorithm::Pat || a == core::Algorithm::Nvls ||
+             a == core::Algorithm::CollNetDirect;
     case Collective::Broadcast:
     case Collective::Reduce:
       return a == core::Algorithm::Ring;
@@ -407,10 +408,12 @@ double modelBandwidth(const NcclTuning& tu, const NcclModelOptions& o, Collectiv
   const auto algo = static_cast<core::Algorithm>(a);
   if (!algoSupports(algo, c)) return 0;
   if (!(o.algorithms & (1u << a)) || !(o.protocols & (1u << p))) return 0;
-  const bool simpleOnly = algo == core::Algorithm::Nvls || algo == core::Algorithm::NvlsTree || algo == core::Algorithm::Pat;
+  const bool simpleOnly =
+      algo == core::Algorithm::Nvls || algo == core::Algorithm::NvlsTree || algo == core::Algorithm::Pat;
   if (simpleOnly && p != kSimple) return 0;
   if (p == kLL128 && !tu.ll128Enabled) return 0;
-  if (algo == core::Algorithm::CollNetDirect || algo == core::Algorithm::CollNetChain) return 0;  // no SHARP in Topology
+  if (algo == core::Algorithm::CollNetDirect || algo == core::Algorithm::CollNetChain)
+    return 0;  // no SHARP in Topology
   const int ai = archIndex(tu.arch);
   const int scale = std::min(tu.nNodes - 1, 2);
   const int n = tu.nRanks;
@@ -477,7 +480,8 @@ double modelBandwidth(const NcclTuning& tu, const NcclModelOptions& o, Collectiv
   if (algo == core::Algorithm::Pat) busBw *= kPatFactor;
   // Bus to algorithm bandwidth.
   const bool agRs = c == Collective::AllGather || c == Collective::ReduceScatter;
-  if (algo == core::Algorithm::Ring || ((algo == core::Algorithm::Nvls || algo == core::Algorithm::NvlsTree) && !agRs)) {
+  if (algo == core::Algorithm::Ring ||
+      ((algo == core::Algorithm::Nvls || algo == core::Algorithm::NvlsTree) && !agRs)) {
     return busBw * n / nSteps(c, n);
   }
   if (algo == core::Algorithm::Tree) return busBw * 0.5;

@@ -25,22 +25,20 @@ namespace optiflow::synth {
 
 namespace {
 
+// The cache stores NCCL's indices (schedcache/layout.h); the vocabulary's conversions give the same ones.
+static_assert(static_cast<int>(schedcache::Collective::kBroadcast) ==
+                  *core::ncclFuncIndex(core::Collective::Broadcast) &&
+              static_cast<int>(schedcache::Collective::kAllReduce) ==
+                  *core::ncclFuncIndex(core::Collective::AllReduce));
+static_assert(static_cast<int>(schedcache::Algorithm::kTree) == core::ncclIndex(core::Algorithm::Tree) &&
+              static_cast<int>(schedcache::Algorithm::kPat) == core::ncclIndex(core::Algorithm::Pat));
+static_assert(static_cast<int>(schedcache::Protocol::kLL) == core::ncclIndex(core::Protocol::LL) &&
+              static_cast<int>(schedcache::Protocol::kSimple) == core::ncclIndex(core::Protocol::Simple));
+
 namespace fs = std::filesystem;
 
 core::Collective toCore(schedcache::Collective c) {
-  switch (c) {
-    case schedcache::Collective::kBroadcast:
-      return core::Collective::Broadcast;
-    case schedcache::Collective::kReduce:
-      return core::Collective::Reduce;
-    case schedcache::Collective::kAllGather:
-      return core::Collective::AllGather;
-    case schedcache::Collective::kReduceScatter:
-      return core::Collective::ReduceScatter;
-    case schedcache::Collective::kAllReduce:
-      return core::Collective::AllReduce;
-  }
-  return core::Collective::Custom;
+  return core::collectiveFromNcclFunc(static_cast<int>(c)).value_or(core::Collective::Custom);
 }
 
 // plan.json as run_dir.h reads it, converted into the cache's items: what the cache cannot hold is an error naming
@@ -66,8 +64,8 @@ class PlanLoader {
   core::Diagnostic planError(std::string message) const { return core::Diagnostic{file_.string(), 0, 0, message}; }
 
   std::optional<core::Diagnostic> collective(const PlanCollective& c, const std::string& path) {
-    const std::optional<schedcache::Collective> coll = schedcache::parseCollective(core::toString(c.collective));
-    if (!coll) {
+    const std::optional<int> func = core::ncclFuncIndex(c.collective);
+    if (!func) {
       return planError(
           fmt::format("{}.collective: expected broadcast, reduce, allgather, reducescatter or allreduce "
                       "(the collectives NCCL's tuner decides), got \"{}\"",
@@ -76,7 +74,7 @@ class PlanLoader {
     for (std::size_t e = 0; e < c.entries.size(); ++e) {
       const PlanEntry& entry = c.entries[e];
       schedcache::PlanItem item;
-      item.coll = *coll;
+      item.coll = static_cast<schedcache::Collective>(*func);  // the cache stores NCCL's ncclFunc_t
       item.nRanks = static_cast<std::uint32_t>(c.ranks);
       item.nNodes = static_cast<std::uint32_t>(c.nodes);
       item.minBytes = entry.minBytes;

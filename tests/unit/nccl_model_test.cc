@@ -284,8 +284,8 @@ TEST(NcclModel, CostTableMarksUnusableEntries) {
   const auto p = ncclPredict(preset("dgx-a100"), Collective::AllGather, kMiB);
   // AllGather: no Tree; A100: no NVLS; no CollNet without SHARP; no PAT with 8 GPUs per node.
   for (int proto = 0; proto < core::kNumProtocols; ++proto) {
-    for (core::Algorithm a : {core::Algorithm::Tree, core::Algorithm::Nvls, core::Algorithm::NvlsTree, core::Algorithm::CollNetDirect,
-                       core::Algorithm::CollNetChain, core::Algorithm::Pat}) {
+    for (core::Algorithm a : {core::Algorithm::Tree, core::Algorithm::Nvls, core::Algorithm::NvlsTree,
+                              core::Algorithm::CollNetDirect, core::Algorithm::CollNetChain, core::Algorithm::Pat}) {
       EXPECT_EQ(p.time[static_cast<int>(a)][proto], -1.0) << toString(a);
     }
     EXPECT_GT(p.time[static_cast<int>(core::Algorithm::Ring)][proto], 0);
