@@ -1,5 +1,6 @@
 #include "optiflow/core/schedule_json.h"
 
+#include "optiflow/core/json_walk.h"
 #include "optiflow/core/text_file.h"
 
 #include <fmt/format.h>
@@ -176,125 +177,10 @@ namespace {
 // ---------------------------------------------------------------------------------------------------------------
 // Reader
 
-struct Seg {
-  std::string key;  // empty: array index
-  int index = -1;
-};
-
 struct SchemaError {
-  std::vector<Seg> path;
+  JsonPath path;
   std::string message;
 };
-
-std::string pathString(const std::vector<Seg>& path) {
-  if (path.empty()) return "(top level)";
-  std::string s;
-  for (const auto& seg : path) {
-    if (seg.key.empty()) {
-      s += fmt::format("[{}]", seg.index);
-    } else {
-      if (!s.empty()) s += '.';
-      s += seg.key;
-    }
-  }
-  return s;
-}
-
-// Finds the byte offset of the value at `path` in text (already known to be valid JSON). Returns the deepest
-// position it could reach.
-std::size_t locate(std::string_view text, const std::vector<Seg>& path) {
-  std::size_t pos = 0;
-  auto ws = [&] {
-    while (pos < text.size() && (text[pos] == ' ' || text[pos] == '\t' || text[pos] == '\n' || text[pos] == '\r')) {
-      ++pos;
-    }
-  };
-  auto skipString = [&] {  // at '"'
-    ++pos;
-    while (pos < text.size() && text[pos] != '"') pos += text[pos] == '\\' ? 2 : 1;
-    ++pos;
-  };
-  auto skipValue = [&] {
-    ws();
-    if (pos >= text.size()) return;
-    if (text[pos] == '"') {
-      skipString();
-      return;
-    }
-    if (text[pos] == '{' || text[pos] == '[') {
-      int depth = 0;
-      while (pos < text.size()) {
-        const char c = text[pos];
-        if (c == '"') {
-          skipString();
-          continue;
-        }
-        if (c == '{' || c == '[') ++depth;
-        if (c == '}' || c == ']') {
-          --depth;
-          if (depth == 0) {
-            ++pos;
-            return;
-          }
-        }
-        ++pos;
-      }
-      return;
-    }
-    while (pos < text.size() && text[pos] != ',' && text[pos] != '}' && text[pos] != ']' && text[pos] != ' ' &&
-           text[pos] != '\n' && text[pos] != '\r' && text[pos] != '\t') {
-      ++pos;
-    }
-  };
-  ws();
-  std::size_t found = pos;
-  for (const auto& seg : path) {
-    ws();
-    if (pos >= text.size()) return found;
-    if (!seg.key.empty()) {
-      if (text[pos] != '{') return found;
-      ++pos;
-      bool hit = false;
-      while (true) {
-        ws();
-        if (pos >= text.size() || text[pos] != '"') return found;
-        const std::size_t keyStart = pos + 1;
-        skipString();
-        const std::string_view key = text.substr(keyStart, pos - 1 - keyStart);
-        ws();
-        if (pos < text.size() && text[pos] == ':') ++pos;
-        ws();
-        if (key == seg.key) {
-          hit = true;
-          break;
-        }
-        skipValue();
-        ws();
-        if (pos < text.size() && text[pos] == ',') {
-          ++pos;
-          continue;
-        }
-        return found;
-      }
-      if (!hit) return found;
-    } else {
-      if (text[pos] != '[') return found;
-      ++pos;
-      for (int i = 0; i < seg.index; ++i) {
-        skipValue();
-        ws();
-        if (pos < text.size() && text[pos] == ',') {
-          ++pos;
-        } else {
-          return found;
-        }
-      }
-      ws();
-    }
-    found = pos;
-  }
-  return found;
-}
 
 std::string describe(const json& v) {
   std::string shown = v.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -322,14 +208,14 @@ class Reader {
   [[noreturn]] void fail(std::string message) const { throw SchemaError{path_, std::move(message)}; }
   [[noreturn]] void failAt(std::string_view key, std::string message) const {
     auto p = path_;
-    p.push_back(Seg{std::string(key), -1});
+    p.push_back(PathSegment{std::string(key), 0});
     throw SchemaError{std::move(p), std::move(message)};
   }
 
   // RAII path element.
   class Scope {
    public:
-    Scope(Reader& r, Seg seg) : r_(r) { r_.path_.push_back(std::move(seg)); }
+    Scope(Reader& r, PathSegment seg) : r_(r) { r_.path_.push_back(std::move(seg)); }
     ~Scope() { r_.path_.pop_back(); }
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
@@ -337,8 +223,8 @@ class Reader {
    private:
     Reader& r_;
   };
-  Scope key(std::string_view k) { return Scope(*this, Seg{std::string(k), -1}); }
-  Scope index(std::size_t i) { return Scope(*this, Seg{std::string(), static_cast<int>(i)}); }
+  Scope key(std::string_view k) { return Scope(*this, PathSegment{std::string(k), 0}); }
+  Scope index(std::size_t i) { return Scope(*this, PathSegment{std::string(), i}); }
 
   void expectObject(const json& v, std::string_view what) const {
     if (!v.is_object()) fail(fmt::format("expected {} (a JSON object), found {}", what, describe(v)));
@@ -413,7 +299,7 @@ class Reader {
   }
 
  private:
-  std::vector<Seg> path_;
+  JsonPath path_;
 };
 
 constexpr std::string_view kOpNames =
@@ -633,44 +519,14 @@ Schedule readSchedule(Reader& rd, const json& v) {
   return s;
 }
 
-// Nesting depth outside strings; rejects absurd nesting before the DOM parser sees it.
-std::size_t nestingDepth(std::string_view text, std::size_t& where) {
-  std::size_t depth = 0, maxDepth = 0;
-  bool inString = false;
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (inString) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        inString = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      inString = true;
-    } else if (c == '{' || c == '[') {
-      ++depth;
-      if (depth > maxDepth) {
-        maxDepth = depth;
-        where = i;
-      }
-    } else if ((c == '}' || c == ']') && depth > 0) {
-      --depth;
-    }
-  }
-  return maxDepth;
-}
-
 }  // namespace
 
 Result<Schedule> parseScheduleJson(std::string_view text, std::string_view fileName) {
   Diagnostic d;
   d.file = std::string(fileName);
   try {
-    std::size_t deepAt = 0;
-    if (nestingDepth(text, deepAt) > kMaxScheduleNesting) {
-      auto [line, col] = lineColumn(text, deepAt);
+    if (const auto deep = firstBeyondNesting(text, static_cast<int>(kMaxScheduleNesting))) {
+      auto [line, col] = lineColumn(text, *deep);
       d.line = line;
       d.column = col;
       d.message = fmt::format("JSON nested deeper than {} levels; this is not a schedule file", kMaxScheduleNesting);
@@ -697,7 +553,7 @@ Result<Schedule> parseScheduleJson(std::string_view text, std::string_view fileN
     try {
       return readSchedule(rd, doc);
     } catch (const SchemaError& e) {
-      auto [line, col] = lineColumn(text, locate(text, e.path));
+      auto [line, col] = lineColumn(text, locateJsonPath(text, e.path));
       d.line = line;
       d.column = col;
       d.message = fmt::format("{}: {}", pathString(e.path), e.message);

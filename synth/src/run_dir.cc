@@ -1,5 +1,6 @@
 #include "optiflow/synth/run_dir.h"
 
+#include "optiflow/core/json_walk.h"
 #include "optiflow/core/text_file.h"
 
 #include <unistd.h>
@@ -14,7 +15,6 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "json_walk.h"
 #include "optiflow/compiler/schedule_io.h"
 #include "optiflow/core/units.h"
 
@@ -24,7 +24,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using detail::JsonNode;
+using core::JsonNode;
 
 constexpr const char* kPlanFormat = "optiflow-plan";
 constexpr std::uint64_t kMaxU64 = std::numeric_limits<std::uint64_t>::max();
@@ -344,8 +344,8 @@ std::string formatPlan(const PlanFile& plan) { return planToJson(plan).dump(2) +
 
 core::Result<PlanFile> parsePlan(std::string_view text, const std::string& file) {
   PlanFile plan;
-  if (auto err = detail::readJsonDocument(text, file, 1, "an optiflow plan",
-                                          [&](const JsonNode& root) { plan = readPlanRoot(root); })) {
+  if (auto err = core::readJsonDocument(text, file, 1, "an optiflow plan",
+                                        [&](const JsonNode& root) { plan = readPlanRoot(root); })) {
     return *err;
   }
   return plan;
@@ -429,8 +429,8 @@ std::string formatRecord(const CandidateRecord& record) { return recordToJson(re
 
 core::Result<CandidateRecord> parseRecord(std::string_view line, const std::string& file, int lineNo) {
   CandidateRecord record;
-  if (auto err = detail::readJsonDocument(line, file, lineNo, "a candidate record",
-                                          [&](const JsonNode& root) { record = readRecordRoot(root); })) {
+  if (auto err = core::readJsonDocument(line, file, lineNo, "a candidate record",
+                                        [&](const JsonNode& root) { record = readRecordRoot(root); })) {
     return *err;
   }
   return record;

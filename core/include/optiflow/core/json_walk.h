@@ -1,5 +1,6 @@
-// Reading JSON documents of the run directory (plan.json, history.jsonl lines) with errors that name the field's
-// path, the line and column where it stands, and what was expected. Private to synth: run_dir.cc is the one reader.
+// Reading JSON documents with errors that name the field's path, the line and column where it stands, and what was
+// expected: the run directory's plan.json and history.jsonl (synth/run_dir.cc) and the native schedule format
+// (core/schedule_json.cc) use this one walker.
 //
 // Messages are "<path>: <what>", for example
 //   collectives[0].entries[2].bound_us: missing
@@ -18,7 +19,7 @@
 
 #include "optiflow/core/error.h"
 
-namespace optiflow::synth::detail {
+namespace optiflow::core {
 
 struct PathSegment {
   std::string key;  // empty: an array index
@@ -27,6 +28,12 @@ struct PathSegment {
 using JsonPath = std::vector<PathSegment>;
 
 std::string pathString(const JsonPath& path);  // "collectives[0].entries[2]"; "(top level)" for the root
+// Offset of the first bracket of `text` that opens level maxNesting + 1 (strings skipped), if any: checked before a
+// DOM parser sees hostile input.
+std::optional<std::size_t> firstBeyondNesting(std::string_view text, int maxNesting);
+// Byte offset in `text` (valid JSON) of the value at `path`, or of the deepest enclosing value found (a missing key
+// points at its object).
+std::size_t locateJsonPath(std::string_view text, const JsonPath& path);
 
 // A value of the document being read, with its path. Accessors check the type and range and, on a mismatch, end the
 // read with a diagnostic (readJsonDocument catches it): a reader is written as straight-line code.
@@ -71,4 +78,4 @@ std::optional<core::Diagnostic> readJsonDocument(std::string_view text, const st
                                                  std::string_view what,
                                                  const std::function<void(const JsonNode&)>& read);
 
-}  // namespace optiflow::synth::detail
+}  // namespace optiflow::core

@@ -1,4 +1,4 @@
-#include "json_walk.h"
+#include "optiflow/core/json_walk.h"
 
 #include "optiflow/core/text_file.h"
 
@@ -11,7 +11,7 @@
 
 #include <fmt/format.h>
 
-namespace optiflow::synth::detail {
+namespace optiflow::core {
 namespace {
 
 using json = nlohmann::json;
@@ -80,7 +80,7 @@ class Scanner {
 };
 
 // Byte offset of the value at `path`, or of the deepest enclosing value found (a missing key points at its object).
-std::size_t locate(std::string_view text, const JsonPath& path) {
+std::size_t locateIn(std::string_view text, const JsonPath& path) {
   Scanner s(text);
   s.ws();
   std::size_t found = s.pos();
@@ -117,8 +117,9 @@ std::size_t locate(std::string_view text, const JsonPath& path) {
   return found;
 }
 
-// Offset of the first bracket that goes deeper than kMaxNesting, if any.
-std::optional<std::size_t> tooDeep(std::string_view text) {
+}  // namespace
+
+std::optional<std::size_t> firstBeyondNesting(std::string_view text, int maxNesting) {
   int depth = 0;
   bool inString = false;
   for (std::size_t i = 0; i < text.size(); ++i) {
@@ -132,7 +133,7 @@ std::optional<std::size_t> tooDeep(std::string_view text) {
     } else if (c == '"') {
       inString = true;
     } else if (c == '{' || c == '[') {
-      if (++depth > kMaxNesting) return i;
+      if (++depth > maxNesting) return i;
     } else if ((c == '}' || c == ']') && depth > 0) {
       --depth;
     }
@@ -140,7 +141,7 @@ std::optional<std::size_t> tooDeep(std::string_view text) {
   return std::nullopt;
 }
 
-}  // namespace
+std::size_t locateJsonPath(std::string_view text, const JsonPath& path) { return locateIn(text, path); }
 
 std::string pathString(const JsonPath& path) {
   if (path.empty()) return "(top level)";
@@ -255,11 +256,11 @@ std::optional<core::Diagnostic> readJsonDocument(std::string_view text, const st
                                                  const std::function<void(const JsonNode&)>& read) {
   core::Diagnostic d{file, 0, 0, {}};
   auto place = [&](std::size_t offset) {
-    const auto [l, c] = core::lineColumn(text, offset);
+    const auto [l, c] = lineColumn(text, offset);
     d.line = firstLine + l - 1;
     d.column = c;
   };
-  if (const auto deep = tooDeep(text)) {
+  if (const auto deep = firstBeyondNesting(text, kMaxNesting)) {
     place(*deep);
     d.message = fmt::format("expected JSON ({}), not nested deeper than {} levels", what, kMaxNesting);
     return d;
@@ -284,14 +285,14 @@ std::optional<core::Diagnostic> readJsonDocument(std::string_view text, const st
   }
   try {
     if (!doc.is_object()) {
-      place(locate(text, {}));
+      place(locateIn(text, {}));
       d.message = fmt::format("expected a JSON object ({}), {}", what, JsonNode(doc, {}).got());
       return d;
     }
     read(JsonNode(doc, {}));
     return std::nullopt;
   } catch (const FieldError& e) {
-    place(locate(text, e.path));
+    place(locateIn(text, e.path));
     d.message = fmt::format("{}: {}", pathString(e.path), e.message);
     return d;
   } catch (const std::exception& e) {
@@ -301,4 +302,4 @@ std::optional<core::Diagnostic> readJsonDocument(std::string_view text, const st
   }
 }
 
-}  // namespace optiflow::synth::detail
+}  // namespace optiflow::core
