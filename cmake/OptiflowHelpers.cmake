@@ -40,13 +40,15 @@ function(optiflow_add_library component)
   optiflow_target_settings(${target})
 endfunction()
 
-# optiflow_add_test(<name> SOURCES ... DEPS ... [LABELS ...] [THREADS])
-# THREADS: the suite runs threads (or processes) against shared state; it also gets the label `threads`, and the
-# target optiflow_threaded_tests builds every such suite (the `tsan` preset runs them under ThreadSanitizer).
+# optiflow_add_test(<name> SOURCES ... DEPS ... LABELS <layer> [THREADS])
+# THREADS: the suite runs threads (or processes) against shared state; its label becomes `<layer>-threads` (ctest's
+# -L is a regular expression, so `-L unit` still selects it; gtest_discover_tests in CMake 3.25 cannot give a test
+# two labels), and the target optiflow_threaded_tests builds every such suite (the `tsan` preset runs them under
+# ThreadSanitizer).
 function(optiflow_add_test name)
-  cmake_parse_arguments(ARG "THREADS" "" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "THREADS" "LABELS" "SOURCES;DEPS" ${ARGN})
   if(ARG_THREADS)
-    list(APPEND ARG_LABELS threads)
+    set(ARG_LABELS "${ARG_LABELS}-threads")
     optiflow_threaded_test(${name})
   endif()
   add_executable(${name} ${ARG_SOURCES})

@@ -36,8 +36,11 @@ std::atomic_ref<T> ref(T& v) {
 
 // fcntl locks belong to the process, and closing any descriptor of the lock file drops them: writers of one process
 // serialise on this mutex around every lock-file operation as well.
-std::timed_mutex& processMutex() {
-  static std::timed_mutex m;
+// A plain mutex taken by polling try_lock (acquire below): std::timed_mutex::try_lock_for waits in
+// pthread_mutex_clocklock, which ThreadSanitizer does not intercept, so every later unlock looked like an unlock of
+// an unlocked mutex. The writer's lock file is polled the same way.
+std::mutex& processMutex() {
+  static std::mutex m;
   return m;
 }
 
@@ -250,10 +253,13 @@ struct Writer::Impl {
       const auto timeout = std::chrono::milliseconds(std::max(0, impl_.options.lockTimeoutMs));
       const auto deadline = std::chrono::steady_clock::now() + timeout;
       const std::string path = lockPath(impl_.options.ns);
-      if (!processMutex().try_lock_for(timeout)) {
-        *error = makeError(Status::kBusy, path + ": another writer of this process held it for " +
-                                              std::to_string(timeout.count()) + " ms");
-        return false;
+      while (!processMutex().try_lock()) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+          *error = makeError(Status::kBusy, path + ": another writer of this process held it for " +
+                                                std::to_string(timeout.count()) + " ms");
+          return false;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
       mutexLocked_ = true;
       for (;;) {
@@ -280,7 +286,7 @@ Writer::Writer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Writer::~Writer() {
   // Closing the lock file's descriptor would drop a lock another writer of this process holds.
-  std::lock_guard<std::timed_mutex> guard(processMutex());
+  std::lock_guard<std::mutex> guard(processMutex());
   impl_.reset();
 }
 
@@ -296,7 +302,7 @@ std::unique_ptr<Writer> Writer::open(const WriterOptions& options, Error* error)
     auto impl = std::make_unique<Impl>();
     impl->options = options;
     {
-      std::lock_guard<std::timed_mutex> guard(processMutex());
+      std::lock_guard<std::mutex> guard(processMutex());
       if (err = openLockFile(options); err.status != Status::kOk) return nullptr;
       impl->lock = std::make_unique<boost::interprocess::file_lock>(lockPath(options.ns).c_str());
     }
