@@ -362,15 +362,15 @@ void readLlm(Reader& r, const toml::table& root, Config& c) {
     if (!n->is_string()) s.bad(*n, "endpoint", expected);
     const std::string& v = n->as_string()->get();
     if ((v.rfind("http://", 0) != 0 && v.rfind("https://", 0) != 0) || v.size() < 9) s.bad(*n, "endpoint", expected);
-    c.llm.endpoint = v;
+    c.llm.client.baseUrl = v;
   }
-  s.string("model", c.llm.model, "a model name");
+  s.string("model", c.llm.client.model, "a model name");
   if (const toml::node* n = s.get("api_key_env")) {
     const std::string_view expected = "an environment variable name ([A-Za-z_][A-Za-z0-9_]*)";
     if (!n->is_string() || !validEnvName(n->as_string()->get())) s.bad(*n, "api_key_env", expected);
     c.llm.apiKeyEnv = n->as_string()->get();
   }
-  s.number("timeout_s", c.llm.timeoutS, 1, 3600, "seconds");
+  s.number("timeout_s", c.llm.client.timeoutS, 1, 3600, "seconds");
 }
 
 void readBudget(Reader& r, const toml::table& root, Config& c) {
@@ -489,7 +489,7 @@ std::optional<core::Diagnostic> applyEnv(Config& c, GetEnv getEnv) {
 
 // Checks that involve keys of several sections, run after the overrides.
 std::optional<core::Diagnostic> crossCheck(const Config& c, const Reader& r) {
-  if (c.proposer == "llm" && (c.llm.endpoint.empty() || c.llm.model.empty())) {
+  if (c.proposer == "llm" && (c.llm.client.baseUrl.empty() || c.llm.client.model.empty())) {
     auto it = r.where.find("[synthesis] proposer");
     const toml::source_position at = it != r.where.end() ? it->second : toml::source_position{};
     return core::Diagnostic{
@@ -497,7 +497,7 @@ std::optional<core::Diagnostic> crossCheck(const Config& c, const Reader& r) {
         fmt::format("[synthesis] proposer = \"llm\"{}: needs [llm] endpoint and [llm] model "
                     "(missing: {})",
                     it == r.where.end() ? " (from OPTIFLOW_PROPOSER)" : "",
-                    c.llm.endpoint.empty() ? (c.llm.model.empty() ? "both" : "endpoint") : "model")};
+                    c.llm.client.baseUrl.empty() ? (c.llm.client.model.empty() ? "both" : "endpoint") : "model")};
   }
   return std::nullopt;
 }

@@ -63,12 +63,9 @@ core::Result<std::optional<int>> WorkLoop::Impl::synthesize(const Workload& w, c
   spec.seed = cfg.seed;
   spec.evaluator = cfg.evaluator;
   if (cfg.proposer == "llm") {
-    spec.llm.baseUrl = cfg.llm.endpoint;
-    spec.llm.model = cfg.llm.model;
+    spec.llm = cfg.llm.client;
     const char* key = cfg.llm.apiKeyEnv.empty() ? nullptr : std::getenv(cfg.llm.apiKeyEnv.c_str());
     spec.llm.apiKey = key != nullptr ? key : "";
-    spec.llm.timeoutS = cfg.llm.timeoutS;
-    spec.llm.maxAttempts = 2;  // a dead endpoint must not hold a pass for minutes: the builtin proposer stands in
   }
   // The same workload under the same config continues its earlier search instead of repeating it.
   auto prev = colls.find(w.collective);

@@ -35,8 +35,8 @@ std::vector<std::uint64_t> defaultSizes() {
 // restart every synthesis (the next interval's run uses the refined topology).
 std::string fingerprint(const Config& c, const core::Topology& t) {
   return fmt::format("{}|{}x{}|{}|{}|r{}|c{}|s{}|{}|{}", t.name, t.nodes, t.gpusPerNode, c.proposer, c.evaluator,
-                     c.rounds, c.candidatesPerRound, c.seed, c.proposer == "llm" ? c.llm.endpoint : "",
-                     c.proposer == "llm" ? c.llm.model : "");
+                     c.rounds, c.candidatesPerRound, c.seed, c.proposer == "llm" ? c.llm.client.baseUrl : "",
+                     c.proposer == "llm" ? c.llm.client.model : "");
 }
 
 }  // namespace detail

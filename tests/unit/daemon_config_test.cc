@@ -137,10 +137,10 @@ json = true
   EXPECT_DOUBLE_EQ(c.intervalS, 120.5);
   EXPECT_EQ(c.stateDir, fs::path("/etc/optiflow/state"));
   EXPECT_EQ(c.seed, 42u);
-  EXPECT_EQ(c.llm.endpoint, "http://127.0.0.1:8000/v1");
-  EXPECT_EQ(c.llm.model, "m");
+  EXPECT_EQ(c.llm.client.baseUrl, "http://127.0.0.1:8000/v1");
+  EXPECT_EQ(c.llm.client.model, "m");
   EXPECT_EQ(c.llm.apiKeyEnv, "MY_KEY");
-  EXPECT_DOUBLE_EQ(c.llm.timeoutS, 30);
+  EXPECT_DOUBLE_EQ(c.llm.client.timeoutS, 30);
   EXPECT_DOUBLE_EQ(c.cpuCores, 0.5);
   EXPECT_EQ(c.nice, 19);
   EXPECT_DOUBLE_EQ(c.busyCallsPerS, 10);

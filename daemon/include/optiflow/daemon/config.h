@@ -13,17 +13,24 @@
 #include "optiflow/core/error.h"
 #include "optiflow/core/topology.h"
 
+#include "optiflow/synth/llm_client.h"
+
 namespace optiflow::daemon {
 
 inline constexpr int kConfigVersion = 1;
 
 enum class Role { kStandalone, kLeader, kFollower };
 
-struct LlmConfig {
-  std::string endpoint;  // OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1
-  std::string model;
-  std::string apiKeyEnv = "OPENAI_API_KEY";  // the key is read from this variable, never from the file
-  double timeoutS = 60;
+// [llm]: the LLM client's own settings (synth::LlmConfig: endpoint = baseUrl, model, timeout_s; one type for the CLI
+// and the daemon) and the name of the variable the key is read from, never the key itself.
+struct LlmSettings {
+  synth::LlmConfig client = [] {
+    synth::LlmConfig c;
+    c.timeoutS = 60;
+    c.maxAttempts = 2;  // a dead endpoint must not hold a pass for minutes: the builtin proposer stands in
+    return c;
+  }();
+  std::string apiKeyEnv = "OPENAI_API_KEY";
 };
 
 struct Config {
@@ -50,7 +57,7 @@ struct Config {
   std::filesystem::path stateDir;  // run directories; "" -> $STATE_DIRECTORY, /var/lib/optiflow, or a temp dir
   std::uint64_t seed = 1;
 
-  LlmConfig llm;  // [llm], used when proposer = "llm"
+  LlmSettings llm;  // [llm], used when proposer = "llm"
 
   // [budget]
   double cpuCores = 1.0;      // the work never uses more CPU time than this many cores (0.05 .. 64)
