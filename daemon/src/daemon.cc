@@ -37,6 +37,7 @@
 
 #include "fs_util.h"
 #include "http_server.h"
+#include "optiflow/core/env.h"
 #include "optiflow/daemon/budget.h"
 #include "optiflow/daemon/probe.h"
 #include "optiflow/daemon/work.h"
@@ -591,15 +592,14 @@ core::Result<std::unique_ptr<Daemon>> Daemon::create(Config config, GetEnv getEn
     }
     wo.group = g->gr_gid;
   }
-  if (const char* stall = getEnv ? getEnv("OPTIFLOW_TEST_PUBLISH_STALL_MS") : nullptr; stall && *stall) {
-    char* end = nullptr;
-    const long ms = std::strtol(stall, &end, 10);
-    if (*end != '\0' || ms < 0 || ms > 600000) {
+  if (getEnv != nullptr) {
+    const core::env::Value stall =
+        core::env::read(core::env::find(core::env::kDaemonParams, "OPTIFLOW_TEST_PUBLISH_STALL_MS"), getEnv);
+    if (!stall.error.empty()) {
       code = kExitConfig;
-      return core::Diagnostic{
-          "", 0, 0, fmt::format("OPTIFLOW_TEST_PUBLISH_STALL_MS='{}': expected milliseconds in 0..600000", stall)};
+      return core::Diagnostic{"", 0, 0, stall.error};
     }
-    gStallMs = static_cast<int>(ms);
+    if (stall.text) gStallMs = static_cast<int>(core::env::asInteger(*stall.text));
   }
   schedcache::Error err;
   std::unique_ptr<schedcache::Writer> writer = schedcache::Writer::open(wo, &err);

@@ -57,8 +57,6 @@ inline constexpr ParamSpec kDaemonParams[] = {
     {"OPTIFLOW_LLM_API_KEY", ParamType::kString, "", "",
      "`optiflow synthesize --proposer llm`: the API key when `--llm-api-key-file` is not given (surrounding "
      "whitespace dropped). optiflowd reads the variable `[llm] api_key_env` names instead."},
-    // daemon/src/daemon.cc still parses this one itself (strtol, its own message); listed for the docs and the
-    // plugins' unknown-variable warning.
     {"OPTIFLOW_TEST_PUBLISH_STALL_MS", ParamType::kIntRange, "", "0-600000",
      "**Test only**: milliseconds, 0-600000: every publish sleeps this long halfway through writing its slot "
      "(`Writer::setMidWriteHookForTest`), so a test can `kill -9` the daemon mid-publish. optiflowd logs a warning "
