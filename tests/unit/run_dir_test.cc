@@ -21,6 +21,7 @@
 
 #include "optiflow/compiler/schedule_io.h"
 #include "optiflow/compiler/verifier.h"
+#include "optiflow/core/text_file.h"
 #include "optiflow/core/topology.h"
 #include "optiflow/dsl/parser.h"
 #include "optiflow/synth/evaluator.h"
@@ -46,12 +47,7 @@ json planToJson(const core::Topology& t, const SynthConfig& c, const SynthResult
 
 using optiflow::testsupport::TempDir;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string slurp(const fs::path& p) { return core::readWholeFile(p).value_or(""); }
 
 std::vector<std::string> lines(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
