@@ -3,7 +3,7 @@
 //
 // libibverbs is not linked: loadVerbs() dlopens it and fills a VerbsApi, so the plugin .so loads on nodes without
 // rdma-core. Every verbs call of the transport goes through the table, which is also the seam the unit tests use to
-// drive discovery and the whole data path with fake devices (tests/unit/net_ib_test.cc).
+// drive discovery and the whole data path with fake devices (tests/unit/net/ib_test.cc).
 #pragma once
 
 #include <infiniband/verbs.h>

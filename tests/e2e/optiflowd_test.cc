@@ -27,7 +27,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "../unit/llm_test_support.h"
+#include "llm_test_support.h"
 #include "abi_test_support.h"
 #include "optiflow/schedcache/plan.h"
 #include "optiflow/schedcache/reader.h"

@@ -321,6 +321,6 @@ TEST(Params, UnknownVariablesAreReported) {
   EXPECT_EQ(optiflow::plugin::unknownParams(envp), std::vector<std::string>{"OPTIFLOW_PLNA"});
 }
 
-// docs/schedcache.md shows describeParams() verbatim: tests/unit/env_registry_test.cc checks it.
+// docs/schedcache.md shows describeParams() verbatim: tests/unit/core/env_registry_test.cc checks it.
 
 }  // namespace

@@ -2,7 +2,7 @@
 // what NCCL does (NCCL's own choice of algorithm, protocol and channels from ncclPredict, its schedule from
 // ncclScheduleFor, timed by simulate() with the SimParams defaults). Targets (issue 3): within 15 % for sizes
 // >= 64 MiB and within 35 % below, on every point. The table in docs/calibration.md is printed by
-//   ./build/default/tests/unit/calibration_test --gtest_filter=Calibration.Table
+//   ./build/default/tests/unit/sim/sim_calibration_test --gtest_filter=Calibration.Table
 // Error % = (predicted time - measured time) / measured time; a busbw point's measured time is
 // size / (busbw / nccl-tests factor), so +10 % means the prediction is 10 % slower (busbw 9 % lower).
 #include <gtest/gtest.h>
