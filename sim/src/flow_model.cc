@@ -54,13 +54,15 @@ void FlowModel::linkRemove(int l, int flow, double now) {
 // Max-min fair rates for the flows connected to `seeds` through binding links (progressive filling). Links that cannot
 // saturate even if every flow on them ran at its own maximum never constrain anything and are skipped, which keeps
 // components small on fat fabrics.
-void FlowModel::recompute(const std::vector<int>& seeds, double now) {
+void FlowModel::recompute(double now) {
   ++stamp_;
   if (flowStamp_.size() < flows_.size()) flowStamp_.resize(flows_.size(), 0);
   compFlows_.clear();
   compLinks_.clear();
-  for (int f : seeds) {
-    if (flowStamp_[f] == stamp_) continue;
+  for (int f : seeds_) {
+    // A seed may have finished since (its id free, or reused by a flow started later in the instant: then it is a
+    // seed in its own right).
+    if (flowStamp_[f] == stamp_ || flows_[f].inst < 0 || flows_[f].wire <= 0) continue;
     flowStamp_[f] = stamp_;
     compFlows_.push_back(f);
   }
@@ -81,6 +83,7 @@ void FlowModel::recompute(const std::vector<int>& seeds, double now) {
     frozen_.resize(flows_.size(), 0);
     newRate_.resize(flows_.size(), 0);
   }
+  if (compFlows_.empty()) return;
   if (compFlows_.size() == 1) {
     newRate_[compFlows_[0]] = flows_[compFlows_[0]].maxRate;  // alone: its own bottleneck
     applyRates(now);
@@ -212,7 +215,6 @@ void FlowModel::applyRates(double now) {
 }
 
 int FlowModel::start(int inst, int pathStart, int pathLen, double wire, double maxRate, double now) {
-  drains_.clear();
   int f;
   if (!freeFlows_.empty()) {
     f = freeFlows_.back();
@@ -235,34 +237,35 @@ int FlowModel::start(int inst, int pathStart, int pathLen, double wire, double m
     // Nothing to move: it drains at once and never occupies a link.
     fl.version = (fl.version + 1) & kVersionMask;
     fl.fresh = false;
-    drains_.push_back({now, f, fl.version});
     return f;
   }
   for (int l : flowPath(f)) linkAdd(l, f, now);
-  seedBuf_.assign(1, f);
-  recompute(seedBuf_, now);
+  seeds_.push_back(f);
   return f;
 }
 
-void FlowModel::finish(int f, double now) {
+void FlowModel::flush(double now) {
   drains_.clear();
+  recompute(now);
+  seeds_.clear();
+}
+
+void FlowModel::finish(int f, double now) {
   Flow& fl = flows_[f];
   settle(fl, now);
   if (fl.wire > 0) {
-    seedBuf_.clear();
     for (int l : flowPath(f)) {
       linkBytes_[l] += fl.wire;
       // Only a link that could bind (with f still on it) can pass f's freed share to others.
       if (!binding(l)) continue;
       for (int g : linkFlows_[l]) {
-        if (g != f) seedBuf_.push_back(g);
+        if (g != f) seeds_.push_back(g);
       }
     }
     for (int l : flowPath(f)) linkRemove(l, f, now);
     fl.version = (fl.version + 1) & kVersionMask;  // keeps reuse of the id safe
     fl.inst = -1;
     freeFlows_.push_back(f);
-    if (!seedBuf_.empty()) recompute(seedBuf_, now);
   } else {
     fl.inst = -1;
     freeFlows_.push_back(f);

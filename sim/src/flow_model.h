@@ -2,8 +2,11 @@
 // connection's links, and concurrent flows share each link max-min fairly (progressive filling). The model keeps the
 // flows, which flows are on which link, the links' effective capacities and the bytes and busy time they saw; it
 // recomputes rates only for the flows connected through links that can bind. It knows nothing of steps or events:
-// the event loop (simulator.cc) starts and ends flows, and schedules the drain events listed in drains() after each
-// call that can change rates, in that order (the order is part of the bit-for-bit determinism).
+// the event loop (simulator.cc) starts and ends flows during one instant, then calls flush() once before time moves
+// on, and schedules the drain events listed in drains() in that order (the order is part of the bit-for-bit
+// determinism). Rates are computed once per instant, not once per flow start or end: the flows of one step on every
+// rank start at the same instant, and which of them started first must not matter (each gets the share it has
+// once all have started).
 #pragma once
 
 #include <cstdint>
@@ -48,11 +51,19 @@ class FlowModel {
   void init(const Network& net, const SimParams& p, const std::vector<int>& paths);
 
   // A new flow for step instance `inst` over paths[pathStart, pathStart + pathLen) with `wire` bytes, at most
-  // `maxRate` bytes per us, at time `now`; returns its id. drains() then holds the drain events to schedule.
+  // `maxRate` bytes per us, at time `now`; returns its id. Its rate is set by the next flush(); a flow with no
+  // wire bytes never occupies a link and drains at once (drainsNow(f): the event loop schedules it at `now`).
   int start(int inst, int pathStart, int pathLen, double wire, double maxRate, double now);
-  // Flow `f` has drained at `now`: it leaves its links, which pass its share on; the id becomes free. drains()
-  // then holds the drain events to schedule.
+  bool drainsNow(int f) const { return flows_[f].wire <= 0; }
+  std::uint32_t version(int f) const { return flows_[f].version; }
+  // Flow `f` has drained at `now`: it leaves its links, which pass its share on at the next flush(); the id
+  // becomes free.
   void finish(int f, double now);
+  // Whether starts or finishes since the last flush() may have changed rates.
+  bool dirty() const { return !seeds_.empty(); }
+  // New rates for every flow the instant's starts and finishes can affect; drains() then holds the drain events to
+  // schedule, and rate() the new rates.
+  void flush(double now);
 
   // Whether a drain event of version `version` still speaks for flow `f` (it is active and its rate unchanged).
   bool current(int f, std::uint32_t version) const { return flows_[f].inst >= 0 && flows_[f].version == version; }
@@ -74,7 +85,7 @@ class FlowModel {
     f.last = now;
   }
   bool binding(int l) const { return sumMax_[l] > cap_[l] * (1 + 1e-9); }
-  void recompute(const std::vector<int>& seeds, double now);
+  void recompute(double now);
   void freeze(int f, double rate, bool scan);
   void applyRates(double now);
   void linkAdd(int l, int flow, double now);
@@ -91,7 +102,8 @@ class FlowModel {
   // scratch for recompute
   std::vector<std::uint32_t> flowStamp_, linkStamp_;
   std::uint32_t stamp_ = 0;
-  std::vector<int> compFlows_, compLinks_, seedBuf_;
+  std::vector<int> compFlows_, compLinks_;
+  std::vector<int> seeds_;  // flows whose rate the instant's starts and finishes may change (ids may be stale)
   std::vector<char> frozen_;
   std::vector<double> newRate_;
   std::vector<int> linkLocal_;  // per link: its index in compLinks_ (valid while linkStamp_ == stamp_)

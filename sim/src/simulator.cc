@@ -219,7 +219,8 @@ class Engine {
   void inputTailArrived(int recvInst, int sendInst);
   // flows
   void startFlow(int inst);
-  // Pushes the drain events the flow model's last call asked for, in its order.
+  bool endInstant();
+  // Pushes the drain events the flow model's last flush asked for, in its order.
   void scheduleDrains() {
     for (const Drain& d : flows_.drains()) push(d.time, Ev::FlowDrain, d.flow, d.version);
   }
@@ -267,6 +268,7 @@ class Engine {
   std::vector<int> pending_, cause_;
   std::vector<std::uint8_t> flags_, waitKind_;
   std::vector<int> flowOf_;  // per instance: active flow id (-1)
+  std::vector<int> startedNow_;  // instances whose flow started in this instant, in order
 
   FlowModel flows_;
 
@@ -479,21 +481,33 @@ void Engine::startFlow(int inst) {
   const double wire = dataBytes(g) / eff_;
   const int f = flows_.start(inst, c.pathStart, c.pathLen, wire, maxFlowRate(si.conn), now_);
   flowOf_[inst] = f;
-  scheduleDrains();
-  const double hop = c.hopUs;
-  if (wire <= 0) {
-    push(now_ + hop, Ev::Head, inst);
+  if (flows_.drainsNow(f)) {
+    push(now_, Ev::FlowDrain, f, flows_.version(f));
+    push(now_ + c.hopUs, Ev::Head, inst);
     return;
   }
-  // Head: the hop latency plus one slice at the starting rate (cut-through at slice granularity).
-  const double firstSlice = std::min(dataBytes(g), slice_) / eff_;
-  push(now_ + hop + firstSlice / flows_.rate(f), Ev::Head, inst);
+  startedNow_.push_back(inst);  // its head is scheduled once the instant's rates are known (endInstant)
+}
+
+// Every event of this instant has run: the flow model sets the rates its starts and finishes changed, once, and the
+// heads of the flows started now go out at their starting rate: the hop latency plus one slice (cut-through at
+// slice granularity). Returns false when there was nothing to do.
+bool Engine::endInstant() {
+  if (!flows_.dirty() && startedNow_.empty()) return false;
+  flows_.flush(now_);
+  scheduleDrains();
+  for (int inst : startedNow_) {
+    const int g = stepOf(inst);
+    const double firstSlice = std::min(dataBytes(g), slice_) / eff_;
+    push(now_ + conns_[steps_[g].conn].hopUs + firstSlice / flows_.rate(flowOf_[inst]), Ev::Head, inst);
+  }
+  startedNow_.clear();
+  return true;
 }
 
 void Engine::onDrain(int f) {
   const int inst = flows_.instOf(f);
   flows_.finish(f, now_);
-  scheduleDrains();
   flowOf_[inst] = -1;
   const int g = stepOf(inst);
   push(now_ + conns_[steps_[g].conn].hopUs, Ev::Tail, inst);
@@ -619,6 +633,7 @@ void Engine::simulateExact() {
   flags_.assign(ni, 0);
   waitKind_.assign(ni, 0);
   flowOf_.assign(ni, -1);
+  startedNow_.clear();
   for (int it = 0; it < exactIters_; ++it) {
     for (int g = 0; g < nSteps_; ++g) {
       const auto& si = steps_[g];
@@ -641,6 +656,8 @@ void Engine::simulateExact() {
         nowQ_.clear();
         nowHead_ = 0;
       }
+    } else if (endInstant()) {
+      continue;  // it may have scheduled events at this instant
     } else if (!q_.empty()) {
       e = q_.pop();
       now_ = e.time;

@@ -324,6 +324,37 @@ TEST(Simulator, MaxMinFairnessWithDifferentBottlenecks) {
   EXPECT_EQ(net.link(r.bottleneckLink).name, "node0/gpu0->pcie0");
 }
 
+TEST(Simulator, FlowsStartingTogetherShareFromTheirFirstSlice) {
+  // Rank 0 sends S to rank 1 on channel 0 and S to rank 1 on channel 1 from two thread blocks at the same instant;
+  // both cross gpu0's link and pcie0's link to gpu1 (pcie4: 24 GB/s) at 12 GB/s from the start. Rank 1 forwards
+  // channel 0's data to rank 3 across the 10 GB/s host path once the first slice has arrived: at slice / 12 GB/s,
+  // whichever of rank 0's blocks is listed first. The forward is the slowest transfer, so the collective ends at
+  // slice / 12 + S / 10, and the schedule with rank 0's blocks swapped takes exactly as long.
+  auto build = [](bool forwardedFirst) {
+    Schedule s = hand(4, 2);
+    auto& tbs = s.ranks[0].threadBlocks;
+    for (int k = 0; k < 2; ++k) {
+      const int channel = (k == 0) == forwardedFirst ? 0 : 1;
+      tbs.push_back(makeBlock(k, 1, -1, channel,
+                              {makeStep(StepOp::Send, BufferKind::Input, 0, BufferKind::Output, channel)}));
+    }
+    s.ranks[1].threadBlocks.push_back(
+        makeBlock(0, 3, 0, 0, {makeStep(StepOp::RecvCopySend, BufferKind::Output, 0, BufferKind::Output, 0)}));
+    s.ranks[1].threadBlocks.push_back(
+        makeBlock(1, -1, 0, 1, {makeStep(StepOp::Recv, BufferKind::Output, 1, BufferKind::Output, 1)}));
+    addRecv(s, 3, 1);
+    return s;
+  };
+  SimParams p = bandwidthOnly();
+  p.sliceBytes = {4.0 * kMiB, 4.0 * kMiB, 4.0 * kMiB};
+  auto a = simulate(build(true), pcie4(), 64 * kMiB, p);
+  auto b = simulate(build(false), pcie4(), 64 * kMiB, p);
+  ASSERT_TRUE(a.ok) << a.error;
+  ASSERT_TRUE(b.ok) << b.error;
+  EXPECT_EQ(a.timeUs, b.timeUs);
+  EXPECT_NEAR(a.timeUs, us(4.0 * kMiB, 12) + us(32.0 * kMiB, 10), 1e-6);
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Rings
 
