@@ -267,7 +267,7 @@ class Engine {
   std::vector<double> start_, end_, tail_;
   std::vector<int> pending_, cause_;
   std::vector<std::uint8_t> flags_, waitKind_;
-  std::vector<int> flowOf_;  // per instance: active flow id (-1)
+  std::vector<int> flowOf_;      // per instance: active flow id (-1)
   std::vector<int> startedNow_;  // instances whose flow started in this instant, in order
 
   FlowModel flows_;

@@ -335,8 +335,8 @@ TEST(Simulator, FlowsStartingTogetherShareFromTheirFirstSlice) {
     auto& tbs = s.ranks[0].threadBlocks;
     for (int k = 0; k < 2; ++k) {
       const int channel = (k == 0) == forwardedFirst ? 0 : 1;
-      tbs.push_back(makeBlock(k, 1, -1, channel,
-                              {makeStep(StepOp::Send, BufferKind::Input, 0, BufferKind::Output, channel)}));
+      tbs.push_back(
+          makeBlock(k, 1, -1, channel, {makeStep(StepOp::Send, BufferKind::Input, 0, BufferKind::Output, channel)}));
     }
     s.ranks[1].threadBlocks.push_back(
         makeBlock(0, 3, 0, 0, {makeStep(StepOp::RecvCopySend, BufferKind::Output, 0, BufferKind::Output, 0)}));
