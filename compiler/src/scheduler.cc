@@ -424,57 +424,80 @@ void Scheduler::estimate() {
   }
 }
 
+// Each (channel, send peer) and each (channel, receive peer) of a rank names at most one block: a block gets a peer
+// only where no block has it yet. So the blocks are found through two maps instead of a scan of the rank's blocks
+// (a `direct` program has a block per peer and channel, and every transfer looks one up).
 int Scheduler::blockFor(int rank, int channel, int sendPeer, int recvPeer, bool create) {
   auto& bl = blocks_[rank];
-  int bySend = kNone;
-  int byRecv = kNone;
-  for (int b = static_cast<int>(bl.size()) - 1; b >= 0; --b) {
-    if (bl[b].channel != channel) continue;
-    if (sendPeer >= 0 && bl[b].sendPeer == sendPeer) bySend = b;
-    if (recvPeer >= 0 && bl[b].recvPeer == recvPeer) byRecv = b;
-  }
+  const int bySend = sendPeer >= 0 ? findBlock(sendIndex_, rank, channel, sendPeer) : kNone;
+  const int byRecv = recvPeer >= 0 ? findBlock(recvIndex_, rank, channel, recvPeer) : kNone;
   if (sendPeer >= 0 && recvPeer >= 0) {  // a fused step needs both ends in one block
     if (bySend >= 0 && byRecv >= 0) return bySend == byRecv ? bySend : kNone;
     const int b = bySend >= 0 ? bySend : byRecv;
     if (b >= 0) {
-      Block& blk = bl[b];
-      if (bySend >= 0 && blk.recvPeer == kNone) {
-        blk.recvPeer = recvPeer;
+      if (bySend >= 0 && bl[b].recvPeer == kNone) {
+        setRecvPeer(rank, b, recvPeer);
         return b;
       }
-      if (byRecv >= 0 && blk.sendPeer == kNone) {
-        blk.sendPeer = sendPeer;
+      if (byRecv >= 0 && bl[b].sendPeer == kNone) {
+        setSendPeer(rank, b, sendPeer);
         return b;
       }
       return kNone;
     }
     if (!create) return kNone;
-    bl.push_back({sendPeer, recvPeer, channel, {}});
-    return static_cast<int>(bl.size()) - 1;
+    return addBlock(rank, sendPeer, recvPeer, channel);
   }
   if (sendPeer >= 0 && bySend >= 0) return bySend;
   if (recvPeer >= 0 && byRecv >= 0) return byRecv;
   if (paired_) {  // share a block with the opposite direction of the same peer
-    const int peer = sendPeer >= 0 ? sendPeer : recvPeer;
-    for (int b = static_cast<int>(bl.size()) - 1; b >= 0; --b) {
-      Block& blk = bl[b];
-      if (blk.channel != channel) continue;
-      if (sendPeer >= 0 && blk.recvPeer == peer && blk.sendPeer == kNone) {
-        blk.sendPeer = peer;
+    if (sendPeer >= 0) {
+      const int b = findBlock(recvIndex_, rank, channel, sendPeer);
+      if (b >= 0 && bl[b].sendPeer == kNone) {
+        setSendPeer(rank, b, sendPeer);
         return b;
       }
-      if (recvPeer >= 0 && blk.sendPeer == peer && blk.recvPeer == kNone) {
-        blk.recvPeer = peer;
+    } else {
+      const int b = findBlock(sendIndex_, rank, channel, recvPeer);
+      if (b >= 0 && bl[b].recvPeer == kNone) {
+        setRecvPeer(rank, b, recvPeer);
         return b;
       }
     }
   }
-  bl.push_back({sendPeer, recvPeer, channel, {}});
-  return static_cast<int>(bl.size()) - 1;
+  return addBlock(rank, sendPeer, recvPeer, channel);
+}
+
+int Scheduler::findBlock(const std::unordered_map<std::uint64_t, int>& index, int rank, int channel, int peer) {
+  const auto it = index.find(blockKey(rank, channel, peer));
+  return it == index.end() ? kNone : it->second;
+}
+
+int Scheduler::addBlock(int rank, int sendPeer, int recvPeer, int channel) {
+  auto& bl = blocks_[rank];
+  const int b = static_cast<int>(bl.size());
+  bl.push_back({kNone, kNone, channel, {}});
+  if (sendPeer >= 0) setSendPeer(rank, b, sendPeer);
+  if (recvPeer >= 0) setRecvPeer(rank, b, recvPeer);
+  return b;
+}
+
+void Scheduler::setSendPeer(int rank, int b, int peer) {
+  Block& blk = blocks_[rank][b];
+  blk.sendPeer = peer;
+  sendIndex_.emplace(blockKey(rank, blk.channel, peer), b);
+}
+
+void Scheduler::setRecvPeer(int rank, int b, int peer) {
+  Block& blk = blocks_[rank][b];
+  blk.recvPeer = peer;
+  recvIndex_.emplace(blockKey(rank, blk.channel, peer), b);
 }
 
 bool Scheduler::assign() {
   blocks_.assign(n(), {});
+  sendIndex_.clear();
+  recvIndex_.clear();
   // Fusion and placement in creation order (a topological order), so the keys of fused steps are final before
   // anything that depends on them is looked at.
   for (std::size_t i = 0; i < ops_.size(); ++i) {

@@ -191,6 +191,14 @@ class Scheduler {
   double hopDuration(int src, int dst) const;
   void estimate();
   int blockFor(int rank, int channel, int sendPeer, int recvPeer, bool create);
+  static std::uint64_t blockKey(int rank, int channel, int peer) {
+    return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(rank)) << 40) ^
+           (static_cast<std::uint64_t>(static_cast<std::uint32_t>(channel)) << 24) ^ static_cast<std::uint32_t>(peer);
+  }
+  static int findBlock(const std::unordered_map<std::uint64_t, int>& index, int rank, int channel, int peer);
+  int addBlock(int rank, int sendPeer, int recvPeer, int channel);
+  void setSendPeer(int rank, int b, int peer);
+  void setRecvPeer(int rank, int b, int peer);
 
   const IntentProgram& in_;
   const Topology& topo_;
@@ -213,6 +221,8 @@ class Scheduler {
   };
   std::vector<ReaderLink> readerPool_;  // singly linked reader lists of all slots (one allocation, not one per slot)
   std::vector<std::vector<Block>> blocks_;  // per rank
+  // (rank, channel, peer) -> the rank's block sending to / receiving from that peer on that channel (blockFor)
+  std::unordered_map<std::uint64_t, int> sendIndex_, recvIndex_;
   std::vector<int> scratchCount_;
   std::size_t fused_ = 0;
   int maxSteps_ = 0;
