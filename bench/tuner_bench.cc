@@ -14,11 +14,13 @@
 
 #include <benchmark/benchmark.h>
 
+#include "optiflow/core/vocabulary.h"
 #include "optiflow/plugin/abi/nccl_tuner.h"
 #include "optiflow/schedcache/writer.h"
 
 namespace {
 
+namespace core = optiflow::core;
 namespace sc = optiflow::schedcache;
 
 constexpr int kEntries = 10000;
@@ -31,13 +33,13 @@ sc::Plan bigPlan() {
   for (std::uint32_t c = 0; c < sc::kNumCollectives; ++c) {
     for (int i = 0; i < perColl; ++i) {
       sc::PlanItem it;
-      it.coll = static_cast<sc::Collective>(c);
+      it.coll = *core::collectiveFromNcclFunc(static_cast<int>(c));
       it.nRanks = kRanks;
       it.nNodes = 1;
       it.minBytes = static_cast<std::uint64_t>(i) * 4096;
       it.maxBytes = i + 1 == perColl ? ~0ULL : static_cast<std::uint64_t>(i + 1) * 4096 - 1;
-      it.algorithm = i % 2 == 0 ? sc::Algorithm::kRing : sc::Algorithm::kTree;
-      it.protocol = static_cast<sc::Protocol>(i % 3);
+      it.algorithm = i % 2 == 0 ? core::Algorithm::Ring : core::Algorithm::Tree;
+      it.protocol = core::protocolFromNccl(i % 3);
       it.nChannels = 1 + i % 16;
       it.nativeUs = 10;
       plan.items.push_back(it);

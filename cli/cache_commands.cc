@@ -34,6 +34,7 @@
 #include "commands.h"
 #include "optiflow/core/env.h"
 #include "optiflow/core/units.h"
+#include "optiflow/core/vocabulary.h"
 #include "optiflow/schedcache/error.h"
 #include "optiflow/schedcache/layout.h"
 #include "optiflow/schedcache/plan.h"
@@ -132,11 +133,10 @@ std::string sizeRange(std::uint64_t minBytes, std::uint64_t maxBytes) {
 }
 
 std::string decisionText(const sc::PlanItem& item) {
-  if (item.algorithm == sc::Algorithm::kNone) return "NCCL decides";
-  return fmt::format(
-      "{}/{}/{}", sc::toString(item.algorithm),
-      item.protocol == sc::Protocol::kNone ? std::string("any") : std::string(sc::toString(item.protocol)),
-      item.nChannels == 0 ? std::string("auto") : fmt::format("{}ch", item.nChannels));
+  if (!item.algorithm) return "NCCL decides";
+  return fmt::format("{}/{}/{}", core::toString(*item.algorithm),
+                     item.protocol ? std::string(core::toString(*item.protocol)) : std::string("any"),
+                     item.nChannels == 0 ? std::string("auto") : fmt::format("{}ch", item.nChannels));
 }
 
 // The segment keeps kSourceBytes - 1 bytes of the source; a source of that length was most likely cut.
@@ -167,15 +167,13 @@ json planInfoJson(const sc::PlanInfo& p) {
 }
 
 json itemJson(const sc::PlanItem& it) {
-  const bool decided = it.algorithm != sc::Algorithm::kNone;
-  return {{"collective", std::string(sc::toString(it.coll))},
+  return {{"collective", std::string(core::toString(it.coll))},
           {"ranks", it.nRanks},
           {"nodes", it.nNodes},
           {"min_bytes", it.minBytes},
           {"max_bytes", it.maxBytes},
-          {"algorithm", decided ? json(std::string(sc::toString(it.algorithm))) : json(nullptr)},
-          {"protocol", decided && it.protocol != sc::Protocol::kNone ? json(std::string(sc::toString(it.protocol)))
-                                                                     : json(nullptr)},
+          {"algorithm", it.algorithm ? json(std::string(core::toString(*it.algorithm))) : json(nullptr)},
+          {"protocol", it.algorithm && it.protocol ? json(std::string(core::toString(*it.protocol))) : json(nullptr)},
           {"channels", it.nChannels},
           {"chunk_bytes", it.chunkBytes},
           {"native_us", shortest(it.nativeUs)},
@@ -187,10 +185,17 @@ json itemJson(const sc::PlanItem& it) {
           {"schedule_xml", it.xmlPath.empty() ? json(nullptr) : json(it.xmlPath)}};
 }
 
+// In the segment's order: by NCCL's ncclFunc_t index (broadcast first), not by the vocabulary's enumerators.
 void sortItems(std::vector<sc::PlanItem>& items) {
   std::stable_sort(items.begin(), items.end(), [](const sc::PlanItem& a, const sc::PlanItem& b) {
-    return std::tuple(a.coll, a.nRanks, a.nNodes, a.minBytes) < std::tuple(b.coll, b.nRanks, b.nNodes, b.minBytes);
+    return std::tuple(core::ncclFuncIndex(a.coll), a.nRanks, a.nNodes, a.minBytes) <
+           std::tuple(core::ncclFuncIndex(b.coll), b.nRanks, b.nNodes, b.minBytes);
   });
+}
+
+// An Activity row: counted by ncclFunc_t index.
+std::string_view activityName(std::uint32_t c) {
+  return core::toString(core::collectiveFromNcclFunc(static_cast<int>(c)).value_or(core::Collective::Custom));
 }
 
 // --group: false (reported) for a group this host does not know.
@@ -440,7 +445,7 @@ int runCacheShow(const CacheArgs& args) {
     for (std::uint32_t c = 0; c < sc::kNumCollectives; ++c) {
       for (std::uint32_t b = 0; b < sc::kSizeBuckets; ++b) {
         if (activity.calls[c][b] == 0) continue;
-        j["activity"].push_back({{"collective", std::string(sc::toString(static_cast<sc::Collective>(c)))},
+        j["activity"].push_back({{"collective", std::string(activityName(c))},
                                  {"bucket", b},
                                  {"size", fmt::format("2^{}", b)},
                                  {"calls", activity.calls[c][b]}});
@@ -488,8 +493,7 @@ int runCacheShow(const CacheArgs& args) {
         if (activity.calls[c][b] == 0) continue;
         if (!anyCalls) fmt::print("\nactivity:\n  {:<14}  {:>5}  {:>12}\n", "collective", "size", "calls");
         anyCalls = true;
-        fmt::print("  {:<14}  {:>5}  {:>12}\n", sc::toString(static_cast<sc::Collective>(c)), fmt::format("2^{}", b),
-                   activity.calls[c][b]);
+        fmt::print("  {:<14}  {:>5}  {:>12}\n", activityName(c), fmt::format("2^{}", b), activity.calls[c][b]);
       }
     }
     if (!anyCalls) fmt::print("\nactivity: none recorded\n");
@@ -503,7 +507,7 @@ int runCacheShow(const CacheArgs& args) {
       const sc::PlanItem& it = plan.items[i];
       if (i == 0 || it.coll != plan.items[i - 1].coll || it.nRanks != plan.items[i - 1].nRanks ||
           it.nNodes != plan.items[i - 1].nNodes) {
-        fmt::print("\n{} on {} ranks, {} node{}:\n", sc::toString(it.coll), it.nRanks, it.nNodes,
+        fmt::print("\n{} on {} ranks, {} node{}:\n", core::toString(it.coll), it.nRanks, it.nNodes,
                    it.nNodes == 1 ? "" : "s");
         fmt::print("  {:<20}  {:<22}  {:>8}  {:>10}  {:>10}  {:>10}  {:>10}\n", "sizes", "native decision", "chunk",
                    "native_us", "nccl_us", "best_us", "bound_us");
@@ -561,7 +565,7 @@ int runCacheVerify(const CacheArgs& args) {
     std::set<std::string> seen;
     for (std::size_t i = 0; i < plan.items.size(); ++i) {
       const sc::PlanItem& it = plan.items[i];
-      const std::string ref = fmt::format("entry {} ({} on {} ranks, {}) of plan {}", i, sc::toString(it.coll),
+      const std::string ref = fmt::format("entry {} ({} on {} ranks, {}) of plan {}", i, core::toString(it.coll),
                                           it.nRanks, sizeRange(it.minBytes, it.maxBytes), hash);
       for (const std::string* path : {&it.jsonPath, &it.xmlPath}) {
         if (path->empty() || !seen.insert(*path).second) continue;

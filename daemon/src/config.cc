@@ -32,7 +32,7 @@ constexpr std::uintmax_t kMaxFileBytes = 1u << 20;
 constexpr std::uint64_t kMaxSizeBytes = 16ull << 30;  // the largest message size worth synthesizing for
 constexpr std::size_t kMaxSizes = 64;
 
-// The collectives NCCL's tuner asks about (schedcache::Collective); alltoall has no tuner entry point.
+// The collectives NCCL's tuner asks about (core::ncclFuncIndex); alltoall has no tuner entry point.
 constexpr std::string_view kCollectives[] = {"allgather", "reducescatter", "allreduce", "broadcast", "reduce"};
 constexpr std::string_view kLogLevels[] = {"trace", "debug", "info", "warn", "error"};
 

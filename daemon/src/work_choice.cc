@@ -55,9 +55,9 @@ std::vector<Workload> WorkLoop::Impl::workloads(const Config& cfg) const {
   if (workloads.empty()) {
     const std::vector<std::uint64_t> sizes = cfg.sizes.empty() ? detail::defaultSizes() : cfg.sizes;
     for (const std::string& name : cfg.collectives) {
-      const std::optional<schedcache::Collective> c = schedcache::parseCollective(name);
+      const std::optional<std::uint32_t> c = detail::collIndex(name);
       if (!c) continue;  // loadConfig rejects these
-      workloads.push_back(Workload{static_cast<std::uint32_t>(*c), sizes, 0});
+      workloads.push_back(Workload{*c, sizes, 0});
     }
   }
   return workloads;

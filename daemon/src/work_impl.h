@@ -9,11 +9,13 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "optiflow/core/error.h"
 #include "optiflow/core/topology.h"
+#include "optiflow/core/vocabulary.h"
 #include "optiflow/daemon/activity.h"
 #include "optiflow/daemon/work.h"
 #include "optiflow/schedcache/reader.h"
@@ -22,8 +24,17 @@ namespace optiflow::daemon {
 
 namespace detail {
 
+// Workloads are keyed by NCCL's ncclFunc_t index, as the tuner's activity counters are: its name, and the index of a
+// name (nullopt for one NCCL's tuner does not decide).
 inline std::string collName(std::uint32_t c) {
-  return std::string(schedcache::toString(static_cast<schedcache::Collective>(c)));
+  const std::optional<core::Collective> coll = core::collectiveFromNcclFunc(static_cast<int>(c));
+  return std::string(core::toString(coll.value_or(core::Collective::Custom)));
+}
+inline std::optional<std::uint32_t> collIndex(std::string_view name) {
+  const std::optional<core::Collective> coll = core::parseCollective(name);
+  const std::optional<int> func = coll ? core::ncclFuncIndex(*coll) : std::nullopt;
+  if (!func) return std::nullopt;
+  return static_cast<std::uint32_t>(*func);
 }
 
 inline std::int64_t nowNs() { return schedcache::realtimeNs(); }
@@ -67,7 +78,7 @@ struct WorkLoop::Impl {
   const std::filesystem::path workDir;  // <state dir>/<namespace>: runs/ and plans/
 
   // Only the work thread touches these.
-  std::map<std::uint32_t, CollState> colls;  // by schedcache::Collective value
+  std::map<std::uint32_t, CollState> colls;  // by ncclFunc_t index (core::ncclFuncIndex)
   bool restored = false;
   std::uint64_t lastPublished = 0;
   std::uint64_t lastShared = 0;

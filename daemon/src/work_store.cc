@@ -111,7 +111,7 @@ void WorkLoop::Impl::restore(const std::string& fp) {
     const std::optional<json> meta = readJson(e.path() / kDaemonFile);
     if (!meta || !fs::exists(e.path() / "plan.json", ec)) continue;
     try {
-      const auto coll = schedcache::parseCollective(meta->at("collective").get<std::string>());
+      const std::optional<std::uint32_t> coll = detail::collIndex(meta->at("collective").get<std::string>());
       if (!coll || meta->at("fingerprint").get<std::string>() != fp) continue;
       CollState st;
       st.runDir = e.path();
@@ -119,7 +119,7 @@ void WorkLoop::Impl::restore(const std::string& fp) {
       st.fingerprint = fp;
       st.finishedNs = meta->at("finished_ns").get<std::int64_t>();
       st.historyRecords = meta->value("history_records", std::size_t{0});
-      const auto c = static_cast<std::uint32_t>(*coll);
+      const std::uint32_t c = *coll;
       auto it = colls.find(c);
       if (it == colls.end() || it->second.finishedNs < st.finishedNs) colls[c] = std::move(st);
     } catch (const json::exception&) {

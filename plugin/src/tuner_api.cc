@@ -9,6 +9,7 @@
 #include <string>
 
 #include "log.h"
+#include "optiflow/core/vocabulary.h"
 #include "optiflow/plugin/params.h"
 #include "optiflow/schedcache/layout.h"
 #include "optiflow/tuner/tuner.h"
@@ -19,23 +20,24 @@ namespace optiflow::plugin {
 
 namespace {
 
-static_assert(NCCL_ALGO_TREE == static_cast<int>(schedcache::Algorithm::kTree) &&
-              NCCL_ALGO_RING == static_cast<int>(schedcache::Algorithm::kRing) &&
-              NCCL_ALGO_COLLNET_DIRECT == static_cast<int>(schedcache::Algorithm::kCollNetDirect) &&
-              NCCL_ALGO_COLLNET_CHAIN == static_cast<int>(schedcache::Algorithm::kCollNetChain) &&
-              NCCL_ALGO_NVLS == static_cast<int>(schedcache::Algorithm::kNvls) &&
-              NCCL_ALGO_NVLS_TREE == static_cast<int>(schedcache::Algorithm::kNvlsTree) &&
-              NCCL_ALGO_PAT == static_cast<int>(schedcache::Algorithm::kPat) &&
-              NCCL_NUM_ALGORITHMS == schedcache::kNumAlgorithms);
-static_assert(NCCL_PROTO_LL == static_cast<int>(schedcache::Protocol::kLL) &&
-              NCCL_PROTO_LL128 == static_cast<int>(schedcache::Protocol::kLL128) &&
-              NCCL_PROTO_SIMPLE == static_cast<int>(schedcache::Protocol::kSimple) &&
-              NCCL_NUM_PROTOCOLS == schedcache::kNumProtocols);
-static_assert(ncclFuncAllGather == static_cast<int>(schedcache::Collective::kAllGather) &&
-              ncclFuncReduceScatter == static_cast<int>(schedcache::Collective::kReduceScatter) &&
-              ncclFuncAllReduce == static_cast<int>(schedcache::Collective::kAllReduce) &&
-              ncclFuncBroadcast == static_cast<int>(schedcache::Collective::kBroadcast) &&
-              ncclFuncReduce == static_cast<int>(schedcache::Collective::kReduce));
+// The schedule cache stores the vocabulary's NCCL indices and the tuner hands them to NCCL untranslated.
+using core::Algorithm;
+using core::Collective;
+using core::ncclFuncIndex;
+using core::ncclIndex;
+using core::Protocol;
+static_assert(NCCL_ALGO_TREE == ncclIndex(Algorithm::Tree) && NCCL_ALGO_RING == ncclIndex(Algorithm::Ring) &&
+              NCCL_ALGO_COLLNET_DIRECT == ncclIndex(Algorithm::CollNetDirect) &&
+              NCCL_ALGO_COLLNET_CHAIN == ncclIndex(Algorithm::CollNetChain) &&
+              NCCL_ALGO_NVLS == ncclIndex(Algorithm::Nvls) && NCCL_ALGO_NVLS_TREE == ncclIndex(Algorithm::NvlsTree) &&
+              NCCL_ALGO_PAT == ncclIndex(Algorithm::Pat) && NCCL_NUM_ALGORITHMS == core::kNumAlgorithms);
+static_assert(NCCL_PROTO_LL == ncclIndex(Protocol::LL) && NCCL_PROTO_LL128 == ncclIndex(Protocol::LL128) &&
+              NCCL_PROTO_SIMPLE == ncclIndex(Protocol::Simple) && NCCL_NUM_PROTOCOLS == core::kNumProtocols);
+static_assert(ncclFuncAllGather == ncclFuncIndex(Collective::AllGather) &&
+              ncclFuncReduceScatter == ncclFuncIndex(Collective::ReduceScatter) &&
+              ncclFuncAllReduce == ncclFuncIndex(Collective::AllReduce) &&
+              ncclFuncBroadcast == ncclFuncIndex(Collective::Broadcast) &&
+              ncclFuncReduce == ncclFuncIndex(Collective::Reduce));
 
 struct Context {
   tuner::CommTuner tuner;

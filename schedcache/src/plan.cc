@@ -1,8 +1,6 @@
 #include "optiflow/schedcache/plan.h"
 
 #include <algorithm>
-#include <array>
-#include <cctype>
 #include <cstdint>
 #include <cstdio>
 #include <numeric>
@@ -15,34 +13,16 @@
 
 #include <boost/crc.hpp>
 
+#include "entry.h"
+
 namespace optiflow::schedcache {
 namespace {
 
 using Crc64Xz = boost::crc_optimal<64, 0x42F0E1EBA9EA3693ULL, ~0ULL, ~0ULL, true, true>;
 
-constexpr std::array<std::string_view, kNumCollectives> kCollectiveNames = {"broadcast", "reduce", "allgather",
-                                                                            "reducescatter", "allreduce"};
-constexpr std::array<std::string_view, kNumAlgorithms> kAlgorithmNames = {
-    "Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT"};
-constexpr std::array<std::string_view, kNumProtocols> kProtocolNames = {"LL", "LL128", "Simple"};
-
-bool equalsIgnoreCase(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) {
-      return false;
-    }
-  }
-  return true;
-}
-
-template <std::size_t N>
-std::optional<std::size_t> findName(const std::array<std::string_view, N>& names, std::string_view name) {
-  for (std::size_t i = 0; i < N; ++i) {
-    if (equalsIgnoreCase(names[i], name)) return i;
-  }
-  return std::nullopt;
-}
+// layout.h's kNumCollectives counts the ncclFunc_t values the vocabulary maps.
+static_assert(core::collectiveFromNcclFunc(static_cast<int>(kNumCollectives) - 1) &&
+              !core::collectiveFromNcclFunc(static_cast<int>(kNumCollectives)));
 
 // The hashed fields of one item, in hash order.
 struct HashFields {
@@ -75,8 +55,10 @@ void putLe(std::vector<unsigned char>& out, T value) {
 
 std::string describe(const PlanItem& it, std::size_t index) {
   char buf[200];
+  // A value static_cast past the last enumerator (Custom) has no name.
   const auto c = static_cast<unsigned>(it.coll);
-  std::string coll = c < kNumCollectives ? std::string(kCollectiveNames[c]) : "collective " + std::to_string(c);
+  std::string coll = c <= static_cast<unsigned>(core::Collective::Custom) ? std::string(core::toString(it.coll))
+                                                                          : "collective " + std::to_string(c);
   std::snprintf(buf, sizeof(buf), "item %zu (%s, %u ranks, %u nodes, %llu-%llu bytes)", index, coll.c_str(), it.nRanks,
                 it.nNodes, static_cast<unsigned long long>(it.minBytes), static_cast<unsigned long long>(it.maxBytes));
   return buf;
@@ -84,13 +66,59 @@ std::string describe(const PlanItem& it, std::size_t index) {
 
 }  // namespace
 
+namespace detail {
+
+PlanEntry toEntry(const PlanItem& item) {
+  PlanEntry e{};
+  e.minBytes = item.minBytes;
+  e.maxBytes = item.maxBytes;
+  e.chunkBytes = item.chunkBytes;
+  e.scheduleId = item.scheduleId;
+  e.nRanks = item.nRanks;
+  e.nNodes = item.nNodes;
+  e.nativeUs = item.nativeUs;
+  e.bestUs = item.bestUs;
+  e.boundUs = item.boundUs;
+  e.ncclUs = item.ncclUs;
+  e.jsonPath = kNoString;
+  e.xmlPath = kNoString;
+  e.coll = static_cast<std::uint8_t>(core::ncclFuncIndex(item.coll).value_or(0xff));
+  e.algorithm = static_cast<std::int8_t>(item.algorithm ? core::ncclIndex(*item.algorithm) : -1);
+  e.protocol = static_cast<std::int8_t>(item.protocol ? core::ncclIndex(*item.protocol) : -1);
+  e.nChannels = item.nChannels;
+  return e;
+}
+
+PlanItem fromEntry(const PlanEntry& e) {
+  PlanItem it;
+  // checkSlotContent let only ncclFunc_t indices through; Custom (never decided) would not match a call anyway.
+  it.coll = core::collectiveFromNcclFunc(e.coll).value_or(core::Collective::Custom);
+  it.nRanks = e.nRanks;
+  it.nNodes = e.nNodes;
+  it.minBytes = e.minBytes;
+  it.maxBytes = e.maxBytes;
+  it.algorithm = core::algorithmFromNccl(e.algorithm);
+  it.protocol = core::protocolFromNccl(e.protocol);
+  it.nChannels = e.nChannels;
+  it.chunkBytes = e.chunkBytes;
+  it.nativeUs = e.nativeUs;
+  it.bestUs = e.bestUs;
+  it.boundUs = e.boundUs;
+  it.ncclUs = e.ncclUs;
+  it.scheduleId = e.scheduleId;
+  return it;
+}
+
+}  // namespace detail
+
 std::uint64_t contentHash(const Plan& plan) {
   std::vector<HashFields> fields;
   fields.reserve(plan.items.size());
   for (const PlanItem& it : plan.items) {
-    fields.push_back({static_cast<std::uint8_t>(it.coll), it.nRanks, it.nNodes, it.minBytes, it.maxBytes,
-                      static_cast<std::int8_t>(it.algorithm), static_cast<std::int8_t>(it.protocol), it.nChannels,
-                      it.chunkBytes, it.scheduleId});
+    // The hash is over the indices the segment stores (NCCL's), not over the vocabulary's enumerator values.
+    const PlanEntry e = detail::toEntry(it);
+    fields.push_back({e.coll, e.nRanks, e.nNodes, e.minBytes, e.maxBytes, e.algorithm, e.protocol, e.nChannels,
+                      e.chunkBytes, e.scheduleId});
   }
   // Sorting on every hashed field makes the order of items irrelevant, even for duplicates.
   std::sort(fields.begin(), fields.end(), [](const HashFields& a, const HashFields& b) { return a.key() < b.key(); });
@@ -151,16 +179,19 @@ std::string validatePlan(const Plan& plan) {
   std::size_t pathBytes = 0;
   for (std::size_t i = 0; i < items.size(); ++i) {
     const PlanItem& it = items[i];
-    const auto c = static_cast<unsigned>(it.coll);
-    const int a = static_cast<int>(it.algorithm);
-    const int p = static_cast<int>(it.protocol);
-    if (c >= kNumCollectives) return describe(it, i) + ": collective out of range (0-4)";
-    if (a < -1 || a >= kNumAlgorithms) return describe(it, i) + ": algorithm " + std::to_string(a) + " out of range";
-    if (p < -1 || p >= kNumProtocols) return describe(it, i) + ": protocol " + std::to_string(p) + " out of range";
-    if (a == -1 && p != -1) {
-      return describe(it, i) + ": protocol " + std::string(toString(it.protocol)) + " without an algorithm";
+    // The underlying integers: a value static_cast past the last enumerator must not reach the segment.
+    const int a = it.algorithm ? static_cast<int>(*it.algorithm) : -1;
+    const int p = it.protocol ? static_cast<int>(*it.protocol) : -1;
+    if (!core::ncclFuncIndex(it.coll)) {
+      return describe(it, i) +
+             ": not a collective NCCL's tuner decides (broadcast, reduce, allgather, reducescatter, allreduce)";
     }
-    if (a == -1 && (it.nChannels != 0 || it.chunkBytes != 0)) {
+    if (a >= core::kNumAlgorithms) return describe(it, i) + ": algorithm " + std::to_string(a) + " out of range";
+    if (p >= core::kNumProtocols) return describe(it, i) + ": protocol " + std::to_string(p) + " out of range";
+    if (!it.algorithm && it.protocol) {
+      return describe(it, i) + ": protocol " + std::string(core::toString(*it.protocol)) + " without an algorithm";
+    }
+    if (!it.algorithm && (it.nChannels != 0 || it.chunkBytes != 0)) {
       return describe(it, i) + ": a channel count or chunk size without an algorithm";
     }
     if (it.nChannels < 0) return describe(it, i) + ": negative channel count " + std::to_string(it.nChannels);
@@ -197,41 +228,6 @@ std::string validatePlan(const Plan& plan) {
     }
   }
   return {};
-}
-
-std::string_view toString(Collective c) {
-  const auto i = static_cast<unsigned>(c);
-  return i < kNumCollectives ? kCollectiveNames[i] : std::string_view("unknown");
-}
-
-std::string_view toString(Algorithm a) {
-  if (a == Algorithm::kNone) return "none";
-  const int i = static_cast<int>(a);
-  return i >= 0 && i < kNumAlgorithms ? kAlgorithmNames[static_cast<std::size_t>(i)] : std::string_view("unknown");
-}
-
-std::string_view toString(Protocol p) {
-  if (p == Protocol::kNone) return "none";
-  const int i = static_cast<int>(p);
-  return i >= 0 && i < kNumProtocols ? kProtocolNames[static_cast<std::size_t>(i)] : std::string_view("unknown");
-}
-
-std::optional<Collective> parseCollective(std::string_view name) {
-  auto i = findName(kCollectiveNames, name);
-  if (!i) return std::nullopt;
-  return static_cast<Collective>(*i);
-}
-
-std::optional<Algorithm> parseAlgorithm(std::string_view name) {
-  auto i = findName(kAlgorithmNames, name);
-  if (!i) return std::nullopt;
-  return static_cast<Algorithm>(*i);
-}
-
-std::optional<Protocol> parseProtocol(std::string_view name) {
-  auto i = findName(kProtocolNames, name);
-  if (!i) return std::nullopt;
-  return static_cast<Protocol>(*i);
 }
 
 }  // namespace optiflow::schedcache

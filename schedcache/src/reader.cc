@@ -11,6 +11,7 @@
 #include <thread>
 #include <utility>
 
+#include "entry.h"
 #include "segment.h"
 
 namespace optiflow::schedcache {
@@ -307,21 +308,7 @@ Status Reader::loadPlan(std::uint64_t hash, Plan* out, PlanInfo* info, std::stri
     plan.source = detail::sourceText(copy.header);
     plan.items.reserve(copy.entries.size());
     for (const PlanEntry& e : copy.entries) {
-      PlanItem it;
-      it.coll = static_cast<Collective>(e.coll);
-      it.nRanks = e.nRanks;
-      it.nNodes = e.nNodes;
-      it.minBytes = e.minBytes;
-      it.maxBytes = e.maxBytes;
-      it.algorithm = static_cast<Algorithm>(e.algorithm);
-      it.protocol = static_cast<Protocol>(e.protocol);
-      it.nChannels = e.nChannels;
-      it.chunkBytes = e.chunkBytes;
-      it.nativeUs = e.nativeUs;
-      it.bestUs = e.bestUs;
-      it.boundUs = e.boundUs;
-      it.ncclUs = e.ncclUs;
-      it.scheduleId = e.scheduleId;
+      PlanItem it = detail::fromEntry(e);
       it.jsonPath = str(e.jsonPath);
       it.xmlPath = str(e.xmlPath);
       plan.items.push_back(std::move(it));

@@ -17,6 +17,7 @@
 
 #include <boost/crc.hpp>
 
+#include "optiflow/core/vocabulary.h"
 #include "optiflow/schedcache/plan.h"
 
 namespace optiflow::schedcache {
@@ -265,9 +266,9 @@ std::string checkSlotContent(const SlotCopy& copy) {
     std::string what;
     if (e.coll >= kNumCollectives) {
       what = "collective " + std::to_string(e.coll) + " out of range";
-    } else if (e.algorithm < -1 || e.algorithm >= kNumAlgorithms) {
+    } else if (e.algorithm < -1 || e.algorithm >= core::kNumAlgorithms) {
       what = "algorithm " + std::to_string(e.algorithm) + " out of range";
-    } else if (e.protocol < -1 || e.protocol >= kNumProtocols) {
+    } else if (e.protocol < -1 || e.protocol >= core::kNumProtocols) {
       what = "protocol " + std::to_string(e.protocol) + " out of range";
     } else if (e.algorithm < 0 && (e.protocol >= 0 || e.nChannels != 0 || e.chunkBytes != 0)) {
       what = "a protocol, channel count or chunk size without an algorithm";

@@ -22,6 +22,7 @@
 
 #include <boost/interprocess/sync/file_lock.hpp>
 
+#include "entry.h"
 #include "segment.h"
 
 namespace optiflow::schedcache {
@@ -144,11 +145,14 @@ struct SlotImage {
 
 void buildImage(const Plan& plan, std::uint64_t hash, std::uint64_t generation, SlotImage* image) {
   const auto& items = plan.items;
+  std::vector<PlanEntry> entries(items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) entries[i] = detail::toEntry(items[i]);
+  // Sorted by NCCL's indices, as stored: the reader's order (and checkSlotContent's), not the vocabulary's.
   std::vector<std::size_t> order(items.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    const PlanItem& x = items[a];
-    const PlanItem& y = items[b];
+    const PlanEntry& x = entries[a];
+    const PlanEntry& y = entries[b];
     return std::tie(x.coll, x.nRanks, x.nNodes, x.minBytes) < std::tie(y.coll, y.nRanks, y.nNodes, y.minBytes);
   });
   std::unordered_map<std::string, std::uint32_t> offsets;
@@ -162,22 +166,9 @@ void buildImage(const Plan& plan, std::uint64_t hash, std::uint64_t generation, 
   for (std::size_t i = 0; i < order.size(); ++i) {
     const PlanItem& it = items[order[i]];
     PlanEntry& e = image->entries[i];
-    e.minBytes = it.minBytes;
-    e.maxBytes = it.maxBytes;
-    e.chunkBytes = it.chunkBytes;
-    e.scheduleId = it.scheduleId;
-    e.nRanks = it.nRanks;
-    e.nNodes = it.nNodes;
-    e.nativeUs = it.nativeUs;
-    e.bestUs = it.bestUs;
-    e.boundUs = it.boundUs;
-    e.ncclUs = it.ncclUs;
+    e = entries[order[i]];
     e.jsonPath = intern(it.jsonPath);
     e.xmlPath = intern(it.xmlPath);
-    e.coll = static_cast<std::uint8_t>(it.coll);
-    e.algorithm = static_cast<std::int8_t>(it.algorithm);
-    e.protocol = static_cast<std::int8_t>(it.protocol);
-    e.nChannels = it.nChannels;
   }
   PlanSlotHeader& h = image->header;
   h.contentHash = hash;

@@ -19,27 +19,14 @@
 #include "optiflow/compiler/schedule_io.h"
 #include "optiflow/compiler/verifier.h"
 #include "optiflow/core/schedule.h"
+#include "optiflow/core/vocabulary.h"
 #include "optiflow/synth/run_dir.h"
 
 namespace optiflow::synth {
 
 namespace {
 
-// The cache stores NCCL's indices (schedcache/layout.h); the vocabulary's conversions give the same ones.
-static_assert(static_cast<int>(schedcache::Collective::kBroadcast) ==
-                  *core::ncclFuncIndex(core::Collective::Broadcast) &&
-              static_cast<int>(schedcache::Collective::kAllReduce) ==
-                  *core::ncclFuncIndex(core::Collective::AllReduce));
-static_assert(static_cast<int>(schedcache::Algorithm::kTree) == core::ncclIndex(core::Algorithm::Tree) &&
-              static_cast<int>(schedcache::Algorithm::kPat) == core::ncclIndex(core::Algorithm::Pat));
-static_assert(static_cast<int>(schedcache::Protocol::kLL) == core::ncclIndex(core::Protocol::LL) &&
-              static_cast<int>(schedcache::Protocol::kSimple) == core::ncclIndex(core::Protocol::Simple));
-
 namespace fs = std::filesystem;
-
-core::Collective toCore(schedcache::Collective c) {
-  return core::collectiveFromNcclFunc(static_cast<int>(c)).value_or(core::Collective::Custom);
-}
 
 // plan.json as run_dir.h reads it, converted into the cache's items: what the cache cannot hold is an error naming
 // the field; a name of an algorithm or protocol the cache does not know is no decision (NCCL chooses).
@@ -64,8 +51,7 @@ class PlanLoader {
   core::Diagnostic planError(std::string message) const { return core::Diagnostic{file_.string(), 0, 0, message}; }
 
   std::optional<core::Diagnostic> collective(const PlanCollective& c, const std::string& path) {
-    const std::optional<int> func = core::ncclFuncIndex(c.collective);
-    if (!func) {
+    if (!core::ncclFuncIndex(c.collective)) {
       return planError(
           fmt::format("{}.collective: expected broadcast, reduce, allgather, reducescatter or allreduce "
                       "(the collectives NCCL's tuner decides), got \"{}\"",
@@ -74,7 +60,7 @@ class PlanLoader {
     for (std::size_t e = 0; e < c.entries.size(); ++e) {
       const PlanEntry& entry = c.entries[e];
       schedcache::PlanItem item;
-      item.coll = static_cast<schedcache::Collective>(*func);  // the cache stores NCCL's ncclFunc_t
+      item.coll = c.collective;
       item.nRanks = static_cast<std::uint32_t>(c.ranks);
       item.nNodes = static_cast<std::uint32_t>(c.nodes);
       item.minBytes = entry.minBytes;
@@ -98,11 +84,11 @@ class PlanLoader {
   static void nativeDecision(const NativeChoice& n, schedcache::PlanItem& item) {
     item.nativeUs = static_cast<float>(n.timeUs);
     // No configuration was timed ("n/a", time 0), or one the cache cannot express: no decision, NCCL chooses.
-    const auto alg = schedcache::parseAlgorithm(n.algorithm);
-    const auto proto = schedcache::parseProtocol(n.protocol);
-    if (n.timeUs <= 0 || !alg || *alg == schedcache::Algorithm::kNone || !proto) return;
-    item.algorithm = *alg;
-    item.protocol = *proto;
+    const std::optional<core::Algorithm> alg = core::parseAlgorithm(n.algorithm);
+    const std::optional<core::Protocol> proto = core::parseProtocol(n.protocol);
+    if (n.timeUs <= 0 || !alg || !proto) return;
+    item.algorithm = alg;
+    item.protocol = proto;
     item.nChannels = n.channels;
     item.chunkBytes = n.chunkBytes;
   }
@@ -175,7 +161,7 @@ std::optional<core::Diagnostic> checkScheduleFile(const fs::path& file, const st
                                         ref, d.message)};
   }
   const core::Schedule& s = *loaded;
-  const core::Collective want = toCore(item.coll);
+  const core::Collective want = item.coll;
   if (s.collective != want || s.nRanks < 0 || static_cast<std::uint64_t>(s.nRanks) != item.nRanks) {
     return core::Diagnostic{
         file.string(), 0, 0,

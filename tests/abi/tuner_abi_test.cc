@@ -36,9 +36,9 @@ namespace optiflow::abitest {
 namespace {
 
 namespace fs = std::filesystem;
-using schedcache::Algorithm;
-using schedcache::Collective;
-using schedcache::Protocol;
+using core::Algorithm;
+using core::Collective;
+using core::Protocol;
 
 const std::string kTunerLib = OPTIFLOW_TUNER_PLUGIN;
 const std::string kNetLib = OPTIFLOW_NET_PLUGIN;
@@ -433,15 +433,15 @@ schedcache::Plan standardPlan() {
   schedcache::Plan p;
   p.source = "tests/abi standard plan";
   p.items = {
-      planItem(Collective::kAllReduce, 8, 1, 0, 65535, Algorithm::kTree, Protocol::kLL, 4),
-      planItem(Collective::kAllReduce, 8, 1, 65536, (1u << 20) - 1, Algorithm::kRing, Protocol::kLL128, 0, 131072),
-      planItem(Collective::kAllReduce, 8, 1, 1u << 20, kGiB, Algorithm::kNvls, Protocol::kSimple, 16, 524288),
-      planItem(Collective::kAllGather, 8, 1, 0, kGiB, Algorithm::kPat, Protocol::kSimple, 2),
-      planItem(Collective::kReduceScatter, 8, 1, 0, kGiB, Algorithm::kCollNetDirect, Protocol::kSimple, 2),
-      planItem(Collective::kBroadcast, 8, 1, 0, kGiB, Algorithm::kRing, Protocol::kSimple, 6),
-      planItem(Collective::kAllReduce, 16, 2, 0, kGiB, Algorithm::kTree, Protocol::kSimple, 12, 262144),
-      planItem(Collective::kAllReduce, 1, 1, 0, kGiB, Algorithm::kTree, Protocol::kLL, 3),
-      planItem(Collective::kBroadcast, 1, 1, 0, kGiB, Algorithm::kRing, Protocol::kSimple, 1),
+      planItem(Collective::AllReduce, 8, 1, 0, 65535, Algorithm::Tree, Protocol::LL, 4),
+      planItem(Collective::AllReduce, 8, 1, 65536, (1u << 20) - 1, Algorithm::Ring, Protocol::LL128, 0, 131072),
+      planItem(Collective::AllReduce, 8, 1, 1u << 20, kGiB, Algorithm::Nvls, Protocol::Simple, 16, 524288),
+      planItem(Collective::AllGather, 8, 1, 0, kGiB, Algorithm::Pat, Protocol::Simple, 2),
+      planItem(Collective::ReduceScatter, 8, 1, 0, kGiB, Algorithm::CollNetDirect, Protocol::Simple, 2),
+      planItem(Collective::Broadcast, 8, 1, 0, kGiB, Algorithm::Ring, Protocol::Simple, 6),
+      planItem(Collective::AllReduce, 16, 2, 0, kGiB, Algorithm::Tree, Protocol::Simple, 12, 262144),
+      planItem(Collective::AllReduce, 1, 1, 0, kGiB, Algorithm::Tree, Protocol::LL, 3),
+      planItem(Collective::Broadcast, 1, 1, 0, kGiB, Algorithm::Ring, Protocol::Simple, 1),
   };
   return p;
 }
@@ -450,7 +450,7 @@ schedcache::Plan standardPlan() {
 schedcache::Plan otherPlan() {
   schedcache::Plan p;
   p.source = "tests/abi other plan";
-  p.items = {planItem(Collective::kAllReduce, 16, 2, 0, kGiB, Algorithm::kRing, Protocol::kLL, 5)};
+  p.items = {planItem(Collective::AllReduce, 16, 2, 0, kGiB, Algorithm::Ring, Protocol::LL, 5)};
   return p;
 }
 
@@ -905,7 +905,7 @@ TEST_F(TunerAbiTest, V5InitLeavesConstantsAndNvlInfoAlone) {
 TEST_F(TunerAbiTest, SameCommunicatorIdAdoptsTheFirstRanksPlan) {
   schedcache::Plan a = standardPlan();
   schedcache::Plan b = standardPlan();
-  b.items[0].algorithm = Algorithm::kRing;  // AllReduce up to 64 KiB: RING/LL instead of TREE/LL
+  b.items[0].algorithm = Algorithm::Ring;  // AllReduce up to 64 KiB: RING/LL instead of TREE/LL
   publish(a);
   const CostTableTuner t = tuner(5);
   const std::uint64_t comm = nextCommId();

@@ -30,9 +30,9 @@
 namespace optiflow::abitest {
 namespace {
 
-using schedcache::Algorithm;
-using schedcache::Collective;
-using schedcache::Protocol;
+using core::Algorithm;
+using core::Collective;
+using core::Protocol;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kLocalRanks = 6;  // rank processes per communicator on this node
@@ -79,27 +79,24 @@ std::string toString(const Sequence& s) {
 void addShape(schedcache::Plan* p, std::uint32_t nRanks, std::uint32_t nNodes, bool b, std::int32_t channelBias) {
   const std::int32_t c = channelBias;
   if (!b) {
+    p->items.push_back(planItem(Collective::AllReduce, nRanks, nNodes, 0, 65535, Algorithm::Tree, Protocol::LL, 2 + c));
     p->items.push_back(
-        planItem(Collective::kAllReduce, nRanks, nNodes, 0, 65535, Algorithm::kTree, Protocol::kLL, 2 + c));
+        planItem(Collective::AllReduce, nRanks, nNodes, 65536, kGiB, Algorithm::Ring, Protocol::LL128, 4 + c));
     p->items.push_back(
-        planItem(Collective::kAllReduce, nRanks, nNodes, 65536, kGiB, Algorithm::kRing, Protocol::kLL128, 4 + c));
+        planItem(Collective::AllGather, nRanks, nNodes, 0, kGiB, Algorithm::Ring, Protocol::Simple, 3 + c));
+    p->items.push_back(planItem(Collective::Broadcast, nRanks, nNodes, 0, kGiB, Algorithm::Ring, Protocol::LL, 1 + c));
     p->items.push_back(
-        planItem(Collective::kAllGather, nRanks, nNodes, 0, kGiB, Algorithm::kRing, Protocol::kSimple, 3 + c));
-    p->items.push_back(
-        planItem(Collective::kBroadcast, nRanks, nNodes, 0, kGiB, Algorithm::kRing, Protocol::kLL, 1 + c));
-    p->items.push_back(
-        planItem(Collective::kReduceScatter, nRanks, nNodes, 0, kGiB, Algorithm::kRing, Protocol::kLL, 7 + c));
+        planItem(Collective::ReduceScatter, nRanks, nNodes, 0, kGiB, Algorithm::Ring, Protocol::LL, 7 + c));
   } else {
+    p->items.push_back(planItem(Collective::AllReduce, nRanks, nNodes, 0, 65535, Algorithm::Ring, Protocol::LL, 3 + c));
     p->items.push_back(
-        planItem(Collective::kAllReduce, nRanks, nNodes, 0, 65535, Algorithm::kRing, Protocol::kLL, 3 + c));
+        planItem(Collective::AllReduce, nRanks, nNodes, 65536, kGiB, Algorithm::Nvls, Protocol::Simple, 8 + c));
     p->items.push_back(
-        planItem(Collective::kAllReduce, nRanks, nNodes, 65536, kGiB, Algorithm::kNvls, Protocol::kSimple, 8 + c));
+        planItem(Collective::AllGather, nRanks, nNodes, 0, kGiB, Algorithm::Pat, Protocol::Simple, 5 + c));
     p->items.push_back(
-        planItem(Collective::kAllGather, nRanks, nNodes, 0, kGiB, Algorithm::kPat, Protocol::kSimple, 5 + c));
+        planItem(Collective::Broadcast, nRanks, nNodes, 0, kGiB, Algorithm::Ring, Protocol::LL128, 2 + c));
     p->items.push_back(
-        planItem(Collective::kBroadcast, nRanks, nNodes, 0, kGiB, Algorithm::kRing, Protocol::kLL128, 2 + c));
-    p->items.push_back(
-        planItem(Collective::kReduceScatter, nRanks, nNodes, 0, kGiB, Algorithm::kRing, Protocol::kSimple, 6 + c));
+        planItem(Collective::ReduceScatter, nRanks, nNodes, 0, kGiB, Algorithm::Ring, Protocol::Simple, 6 + c));
   }
 }
 
@@ -120,9 +117,10 @@ Sequence expectedSequence(const schedcache::Plan* plan, std::uint32_t nRanks, st
     Outcome o{native.algo, native.proto, 0};
     if (plan != nullptr) {
       for (const schedcache::PlanItem& it : plan->items) {
-        if (static_cast<int>(it.coll) == static_cast<int>(call.coll) && it.nRanks == nRanks && it.nNodes == nNodes &&
+        // Every item of these plans decides both.
+        if (core::ncclFuncIndex(it.coll) == static_cast<int>(call.coll) && it.nRanks == nRanks && it.nNodes == nNodes &&
             call.nBytes >= it.minBytes && call.nBytes <= it.maxBytes) {
-          o = {static_cast<std::int32_t>(it.algorithm), static_cast<std::int32_t>(it.protocol), it.nChannels};
+          o = {core::ncclIndex(*it.algorithm), core::ncclIndex(*it.protocol), it.nChannels};
         }
       }
     }

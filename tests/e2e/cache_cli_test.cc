@@ -23,6 +23,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "optiflow/core/vocabulary.h"
 #include "optiflow/schedcache/layout.h"
 #include "optiflow/schedcache/plan.h"
 #include "optiflow/schedcache/reader.h"
@@ -30,6 +31,7 @@
 namespace {
 
 namespace fs = std::filesystem;
+namespace core = optiflow::core;
 namespace sc = optiflow::schedcache;
 using nlohmann::json;
 
@@ -275,8 +277,10 @@ TEST_F(CacheCli, ShowListsPinsAndActivity) {
     sc::Status status = sc::Status::kOk;
     const std::uint64_t planHash = *sc::parseHash(hash);
     EXPECT_EQ(reader->pinComm(0xabcULL, planHash, 8, 1, &status), planHash) << sc::toString(status);
-    for (int i = 0; i < 3; ++i) reader->recordCall(static_cast<std::uint32_t>(sc::Collective::kAllGather), 1 << 20);
-    reader->recordCall(static_cast<std::uint32_t>(sc::Collective::kAllReduce), 4096);
+    // recordCall takes NCCL's ncclFunc_t index, as the tuner passes it.
+    const auto func = [](core::Collective c) { return static_cast<std::uint32_t>(*core::ncclFuncIndex(c)); };
+    for (int i = 0; i < 3; ++i) reader->recordCall(func(core::Collective::AllGather), 1 << 20);
+    reader->recordCall(func(core::Collective::AllReduce), 4096);
   }
   const json j = showJson();
   ASSERT_EQ(j.at("pins").size(), 1u) << j.at("pins");

@@ -29,6 +29,7 @@
 
 #include "llm_test_support.h"
 #include "abi_test_support.h"
+#include "optiflow/core/vocabulary.h"
 #include "optiflow/schedcache/plan.h"
 #include "optiflow/schedcache/reader.h"
 #include "optiflowd_test_support.h"
@@ -299,11 +300,11 @@ class Tuner {
     abitest::CostTable<7> table;
     int nChannels = 0;
   };
-  Call call(void* ctx, sc::Collective coll, std::uint64_t nBytes) const {
+  Call call(void* ctx, core::Collective coll, std::uint64_t nBytes) const {
     Call c;
     c.table = abitest::ncclLikeTable<7>();
-    c.rc = v5_->getCollInfo(ctx, static_cast<ncclFunc_t>(coll), nBytes, 1, c.table.nccl(), 7, NCCL_NUM_PROTOCOLS, 0,
-                            &c.nChannels);
+    c.rc = v5_->getCollInfo(ctx, static_cast<ncclFunc_t>(*core::ncclFuncIndex(coll)), nBytes, 1, c.table.nccl(), 7,
+                            NCCL_NUM_PROTOCOLS, 0, &c.nChannels);
     return c;
   }
 
@@ -316,11 +317,11 @@ class Tuner {
 
 // The first entry of `plan` (of collective `coll` when given) the tuner can apply to the tables below: an algorithm
 // and a protocol, not CollNet (unavailable, -1, as on a node without SHARP).
-const sc::PlanItem* applicableItem(const sc::Plan& plan, std::optional<sc::Collective> coll = std::nullopt) {
+const sc::PlanItem* applicableItem(const sc::Plan& plan, std::optional<core::Collective> coll = std::nullopt) {
   for (const sc::PlanItem& it : plan.items) {
     if (coll && it.coll != *coll) continue;
-    if (it.algorithm == sc::Algorithm::kNone || it.protocol == sc::Protocol::kNone ||
-        it.algorithm == sc::Algorithm::kCollNetDirect || it.algorithm == sc::Algorithm::kCollNetChain) {
+    if (!it.algorithm || !it.protocol || it.algorithm == core::Algorithm::CollNetDirect ||
+        it.algorithm == core::Algorithm::CollNetChain) {
       continue;
     }
     return &it;
@@ -328,14 +329,15 @@ const sc::PlanItem* applicableItem(const sc::Plan& plan, std::optional<sc::Colle
   return nullptr;
 }
 
-// Empty when `call` shows the decision of `item` applied (its entry 0.0 and NCCL's pick, its channels); else why not.
+// Empty when `call` shows the decision of `item` (an applicableItem) applied (its entry 0.0 and NCCL's pick, its
+// channels); else why not.
 std::string notApplied(const Tuner::Call& call, const sc::PlanItem& item) {
-  const int algo = static_cast<int>(item.algorithm);
-  const int proto = static_cast<int>(item.protocol);
+  const int algo = core::ncclIndex(*item.algorithm);
+  const int proto = core::ncclIndex(*item.protocol);
   std::string why;
   if (call.rc != ncclSuccess) why += fmt::format("getCollInfo returned {}; ", static_cast<int>(call.rc));
   if (call.table.v[algo][proto] != 0.0f || !(abitest::ncclPick(call.table) == abitest::Choice{algo, proto})) {
-    why += fmt::format("{}/{} not chosen; ", sc::toString(item.algorithm), sc::toString(item.protocol));
+    why += fmt::format("{}/{} not chosen; ", core::toString(*item.algorithm), core::toString(*item.protocol));
   }
   if (call.nChannels != item.nChannels) why += fmt::format("nChannels {} != {}; ", call.nChannels, item.nChannels);
   return why.empty() ? why : why + "log:\n" + abitest::logDump();
@@ -363,7 +365,7 @@ void expectTunerApplies(const std::string& ns, const sc::Plan& plan, std::uint64
   void* ctx = tuner.init(0x0e2ed0000001ull, pick->nRanks, pick->nNodes);
   ASSERT_NE(ctx, nullptr) << abitest::logDump();
   EXPECT_EQ(notApplied(tuner.call(ctx, pick->coll, pick->minBytes), *pick), "")
-      << sc::toString(pick->coll) << " " << pick->minBytes << " B on " << pick->nRanks << " ranks";
+      << core::toString(pick->coll) << " " << pick->minBytes << " B on " << pick->nRanks << " ranks";
   const std::vector<std::string> info = abitest::tunerLines(NCCL_LOG_INFO);
   EXPECT_TRUE(std::any_of(info.begin(), info.end(), [&](const std::string& l) {
     return contains(l, "using plan") && contains(l, sc::formatHash(hash));
@@ -446,7 +448,7 @@ TEST_F(Optiflowd, SighupReloadsAndABrokenConfigKeepsTheDaemonRunning) {
   const std::optional<sc::Plan> plan = loadPlan(ns_, second->contentHash);
   ASSERT_TRUE(plan);
   EXPECT_TRUE(std::any_of(plan->items.begin(), plan->items.end(), [](const sc::PlanItem& it) {
-    return it.coll == sc::Collective::kReduceScatter;
+    return it.coll == core::Collective::ReduceScatter;
   })) << "the plan after the reload has no reducescatter entry";
 
   // An unknown section on a known line (the key under it on the next).
@@ -699,7 +701,7 @@ TEST_F(Optiflowd, JobActivityDrivesTheWorkBusyPeriodsPauseItAndOnlyNewCommunicat
   std::atomic<long> calls{0};
   std::thread job([&] {
     while (jobRuns) {
-      tuner.call(oldComm, sc::Collective::kAllReduce, kSize);
+      tuner.call(oldComm, core::Collective::AllReduce, kSize);
       ++calls;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
@@ -737,21 +739,21 @@ TEST_F(Optiflowd, JobActivityDrivesTheWorkBusyPeriodsPauseItAndOnlyNewCommunicat
   ASSERT_TRUE(plan);
   const sc::PlanItem* allreduce = nullptr;
   for (const sc::PlanItem& it : plan->items) {
-    if (it.coll == sc::Collective::kAllReduce && it.nRanks == 8 && it.minBytes <= kSize && kSize <= it.maxBytes) {
+    if (it.coll == core::Collective::AllReduce && it.nRanks == 8 && it.minBytes <= kSize && kSize <= it.maxBytes) {
       allreduce = &it;
     }
   }
   ASSERT_NE(allreduce, nullptr) << "the plan after the job has no allreduce entry for 1 MiB on 8 ranks";
 
   // The running communicator keeps the plan it started with (no allreduce decision: NCCL's choice stands)...
-  const Tuner::Call old = tuner.call(oldComm, sc::Collective::kAllReduce, kSize);
+  const Tuner::Call old = tuner.call(oldComm, core::Collective::AllReduce, kSize);
   EXPECT_TRUE(old.table == abitest::ncclLikeTable<7>()) << "a running communicator switched plans";
   // ... a new one gets the new plan.
-  if (allreduce->algorithm != sc::Algorithm::kNone && allreduce->algorithm != sc::Algorithm::kCollNetDirect &&
-      allreduce->algorithm != sc::Algorithm::kCollNetChain && allreduce->protocol != sc::Protocol::kNone) {
+  if (allreduce->algorithm && allreduce->algorithm != core::Algorithm::CollNetDirect &&
+      allreduce->algorithm != core::Algorithm::CollNetChain && allreduce->protocol) {
     void* newComm = tuner.init(0x0e2ed0000011ull, 8, 1);
     ASSERT_NE(newComm, nullptr) << abitest::logDump();
-    EXPECT_EQ(notApplied(tuner.call(newComm, sc::Collective::kAllReduce, kSize), *allreduce), "");
+    EXPECT_EQ(notApplied(tuner.call(newComm, core::Collective::AllReduce, kSize), *allreduce), "");
   }
 }
 

@@ -83,8 +83,7 @@ void checkAccepted(const sc::Plan& plan, const fs::path& dir) {
       __builtin_trap();
     }
     // No native decision means no protocol, channels or chunk size either.
-    if (it.algorithm == sc::Algorithm::kNone &&
-        (it.protocol != sc::Protocol::kNone || it.nChannels != 0 || it.chunkBytes != 0)) {
+    if (!it.algorithm && (it.protocol || it.nChannels != 0 || it.chunkBytes != 0)) {
       __builtin_trap();
     }
   }

@@ -22,9 +22,11 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "optiflow/core/vocabulary.h"
 #include "optiflow/schedcache/layout.h"
 #include "optiflow/schedcache/plan.h"
 #include "optiflow/schedcache/reader.h"
@@ -33,6 +35,7 @@
 
 namespace {
 
+namespace core = optiflow::core;
 namespace sc = optiflow::schedcache;
 
 constexpr std::uint8_t kRecomputeChecksums = 1;
@@ -62,9 +65,10 @@ void removeNamespace() {
   if (!sc::Writer::remove(gFixture->ns, &err)) std::fprintf(stderr, "fuzz_segment: %s\n", err.message.c_str());
 }
 
-sc::PlanItem item(sc::Collective coll, std::uint32_t ranks, std::uint32_t nodes, std::uint64_t minBytes,
-                  std::uint64_t maxBytes, sc::Algorithm algorithm, sc::Protocol protocol, std::int32_t channels,
-                  std::uint64_t chunk, const char* json = "", const char* xml = "") {
+sc::PlanItem item(core::Collective coll, std::uint32_t ranks, std::uint32_t nodes, std::uint64_t minBytes,
+                  std::uint64_t maxBytes, std::optional<core::Algorithm> algorithm,
+                  std::optional<core::Protocol> protocol, std::int32_t channels, std::uint64_t chunk,
+                  const char* json = "", const char* xml = "") {
   sc::PlanItem it;
   it.coll = coll;
   it.nRanks = ranks;
@@ -104,18 +108,18 @@ Fixture& fixture() {
     auto writer = sc::Writer::open(options, &err);
     if (!writer) fail("Writer::open", err.message);
     constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
-    using C = sc::Collective;
-    using A = sc::Algorithm;
-    using P = sc::Protocol;
+    using C = core::Collective;
+    using A = core::Algorithm;
+    using P = core::Protocol;
     sc::Plan plan;
     plan.source = "/fuzz/run";
     plan.items = {
-        item(C::kAllReduce, 8, 1, 0, 65535, A::kRing, P::kLL, 2, 0, "/fuzz/ar.json", "/fuzz/ar.xml"),
-        item(C::kAllReduce, 8, 1, 65536, kMax, A::kTree, P::kSimple, 8, 131072),
-        item(C::kAllGather, 8, 1, 0, 4095, A::kNone, P::kNone, 0, 0, "/fuzz/ag.json", "/fuzz/ar.xml"),
-        item(C::kAllGather, 8, 1, 4096, 1ULL << 30, A::kNvls, P::kLL128, 16, 0),
-        item(C::kReduceScatter, 16, 2, 1, 1023, A::kPat, P::kSimple, 1, 0, "/fuzz/rs.json", "/fuzz/rs.xml"),
-        item(C::kBroadcast, 16, 2, 0, kMax, A::kCollNetDirect, P::kSimple, 4, 0),
+        item(C::AllReduce, 8, 1, 0, 65535, A::Ring, P::LL, 2, 0, "/fuzz/ar.json", "/fuzz/ar.xml"),
+        item(C::AllReduce, 8, 1, 65536, kMax, A::Tree, P::Simple, 8, 131072),
+        item(C::AllGather, 8, 1, 0, 4095, std::nullopt, std::nullopt, 0, 0, "/fuzz/ag.json", "/fuzz/ar.xml"),
+        item(C::AllGather, 8, 1, 4096, 1ULL << 30, A::Nvls, P::LL128, 16, 0),
+        item(C::ReduceScatter, 16, 2, 1, 1023, A::Pat, P::Simple, 1, 0, "/fuzz/rs.json", "/fuzz/rs.xml"),
+        item(C::Broadcast, 16, 2, 0, kMax, A::CollNetDirect, P::Simple, 4, 0),
     };
     auto published = writer->publish(plan, &err);
     if (!published) fail("Writer::publish", err.message);

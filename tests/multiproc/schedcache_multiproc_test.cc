@@ -23,6 +23,7 @@
 
 #include <gtest/gtest.h>
 
+#include "optiflow/core/vocabulary.h"
 #include "optiflow/schedcache/layout.h"
 #include "optiflow/schedcache/plan.h"
 #include "optiflow/schedcache/reader.h"
@@ -43,13 +44,13 @@ Plan makePlan(int variant, int ranges) {
     for (const auto& shape : shapes) {
       for (int i = 0; i < ranges; ++i) {
         PlanItem it;
-        it.coll = static_cast<Collective>(c);
+        it.coll = *core::collectiveFromNcclFunc(static_cast<int>(c));
         it.nRanks = shape[0];
         it.nNodes = shape[1];
         it.minBytes = static_cast<std::uint64_t>(i) * 1000;
         it.maxBytes = i + 1 == ranges ? kMax64 : it.minBytes + 999;
-        it.algorithm = static_cast<Algorithm>((i + variant) % kNumAlgorithms);
-        it.protocol = static_cast<Protocol>((i * 7 + variant) % kNumProtocols);
+        it.algorithm = core::algorithmFromNccl((i + variant) % core::kNumAlgorithms);
+        it.protocol = core::protocolFromNccl((i * 7 + variant) % core::kNumProtocols);
         it.nChannels = (i + variant) % 32;
         it.chunkBytes = static_cast<std::uint64_t>(variant) << 12;
         it.jsonPath = plan.source + "/s" + std::to_string(i % 50) + ".json";
@@ -70,10 +71,10 @@ Expected expectedFor(const Plan& plan, std::uint32_t nRanks, std::uint32_t nNode
     d.minBytes = it.minBytes;
     d.maxBytes = it.maxBytes;
     d.chunkBytes = it.chunkBytes;
-    d.algorithm = static_cast<std::int8_t>(it.algorithm);
-    d.protocol = static_cast<std::int8_t>(it.protocol);
+    d.algorithm = static_cast<std::int8_t>(core::ncclIndex(*it.algorithm));  // makePlan decides every item
+    d.protocol = static_cast<std::int8_t>(core::ncclIndex(*it.protocol));
     d.nChannels = it.nChannels;
-    out[static_cast<std::size_t>(it.coll)].push_back(d);
+    out[static_cast<std::size_t>(*core::ncclFuncIndex(it.coll))].push_back(d);
   }
   for (auto& v : out) {
     std::sort(v.begin(), v.end(), [](const Decision& a, const Decision& b) { return a.minBytes < b.minBytes; });

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "optiflow/core/vocabulary.h"
 #include "optiflow/plugin/abi/nccl_common.h"
 #include "optiflow/plugin/abi/nccl_tuner.h"
 #include "optiflow/schedcache/error.h"
@@ -290,10 +291,9 @@ inline ncclTunerConstants_v5_t sentinelConstants() {
 // ---------------------------------------------------------------------------------------------------------------
 // Plans, namespaces, environment.
 
-inline schedcache::PlanItem planItem(schedcache::Collective coll, std::uint32_t nRanks, std::uint32_t nNodes,
-                                     std::uint64_t minBytes, std::uint64_t maxBytes, schedcache::Algorithm algo,
-                                     schedcache::Protocol proto, std::int32_t nChannels = 0,
-                                     std::uint64_t chunkBytes = 0) {
+inline schedcache::PlanItem planItem(core::Collective coll, std::uint32_t nRanks, std::uint32_t nNodes,
+                                     std::uint64_t minBytes, std::uint64_t maxBytes, core::Algorithm algo,
+                                     core::Protocol proto, std::int32_t nChannels = 0, std::uint64_t chunkBytes = 0) {
   schedcache::PlanItem it;
   it.coll = coll;
   it.nRanks = nRanks;

@@ -5,6 +5,8 @@
 #include <string>
 #include <utility>
 
+#include "optiflow/core/vocabulary.h"
+
 namespace optiflow::tuner {
 
 namespace {
@@ -184,26 +186,28 @@ bool CommTuner::applyDirect(std::uint32_t coll, std::uint64_t nBytes, bool collN
   if (reader_) reader_->recordCall(coll, nBytes);
   if (!hasPlan() || algorithm == nullptr || protocol == nullptr) return false;
   const schedcache::Decision* d = plan_.find(coll, nBytes);
-  if (d == nullptr || d->algorithm < 0 || d->protocol < 0 || d->protocol >= schedcache::kNumProtocols) return false;
+  if (d == nullptr || d->algorithm < 0 || d->protocol < 0 || d->protocol >= core::kNumProtocols) return false;
   // What NCCL 2.21 (no cost table, six algorithms) can run: Tree only for AllReduce, CollNet and NVLS only where
-  // supported, no PAT.
-  using A = schedcache::Algorithm;
+  // supported, no PAT. The decision holds NCCL's indices, which are the vocabulary's enumerators (ncclIndex is a
+  // cast): nothing is converted on this path.
+  using A = core::Algorithm;
+  constexpr std::uint32_t kAllReduce = *core::ncclFuncIndex(core::Collective::AllReduce);
   const auto algo = static_cast<A>(d->algorithm);
-  const bool allReduce = coll == static_cast<std::uint32_t>(schedcache::Collective::kAllReduce);
+  const bool allReduce = coll == kAllReduce;
   bool ok = false;
   switch (algo) {
-    case A::kRing:
+    case A::Ring:
       ok = true;
       break;
-    case A::kTree:
+    case A::Tree:
       ok = allReduce;
       break;
-    case A::kCollNetDirect:
-    case A::kCollNetChain:
+    case A::CollNetDirect:
+    case A::CollNetChain:
       ok = collNetSupport && allReduce;
       break;
-    case A::kNvls:
-    case A::kNvlsTree:
+    case A::Nvls:
+    case A::NvlsTree:
       ok = nvlsSupport && allReduce;
       break;
     default:

@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include "optiflow/core/topology.h"
+#include "optiflow/core/vocabulary.h"
 #include "optiflow/daemon/activity.h"
 #include "optiflow/daemon/budget.h"
 #include "optiflow/daemon/config.h"
@@ -36,8 +37,9 @@ namespace sc = schedcache;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-constexpr std::uint32_t kAllGather = static_cast<std::uint32_t>(sc::Collective::kAllGather);
-constexpr std::uint32_t kAllReduce = static_cast<std::uint32_t>(sc::Collective::kAllReduce);
+// Activity and Workload count by NCCL's ncclFunc_t index.
+constexpr std::uint32_t kAllGather = *core::ncclFuncIndex(core::Collective::AllGather);
+constexpr std::uint32_t kAllReduce = *core::ncclFuncIndex(core::Collective::AllReduce);
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -336,8 +338,8 @@ TEST_F(WorkLoopTest, PublishesThenStaysQuietThenFollowsTheJobs) {
   bool allgather = false;
   bool allreduce = false;
   for (const sc::PlanItem& item : plan.items) {
-    allgather |= item.coll == sc::Collective::kAllGather;
-    allreduce |= item.coll == sc::Collective::kAllReduce;
+    allgather |= item.coll == core::Collective::AllGather;
+    allreduce |= item.coll == core::Collective::AllReduce;
     EXPECT_EQ(item.nRanks, 4u);
     if (!item.jsonPath.empty()) {
       EXPECT_TRUE(fs::exists(item.jsonPath)) << item.jsonPath;

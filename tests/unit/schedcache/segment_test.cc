@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,6 +22,7 @@
 #include <boost/crc.hpp>
 #include <boost/interprocess/sync/file_lock.hpp>
 
+#include "optiflow/core/vocabulary.h"
 #include "optiflow/schedcache/error.h"
 #include "optiflow/schedcache/layout.h"
 #include "optiflow/schedcache/plan.h"
@@ -30,10 +32,20 @@
 namespace optiflow::schedcache {
 namespace {
 
+using core::Algorithm;
+using core::Collective;
+using core::Protocol;
+
 constexpr std::uint64_t kMax64 = std::numeric_limits<std::uint64_t>::max();
 
+// NCCL's indices, as the segment stores them and CommPlan::find takes them.
+std::uint32_t func(Collective c) { return static_cast<std::uint32_t>(*core::ncclFuncIndex(c)); }
+std::int8_t stored(std::optional<Algorithm> a) { return static_cast<std::int8_t>(a ? core::ncclIndex(*a) : -1); }
+std::int8_t stored(std::optional<Protocol> p) { return static_cast<std::int8_t>(p ? core::ncclIndex(*p) : -1); }
+
 PlanItem item(Collective coll, std::uint32_t nRanks, std::uint32_t nNodes, std::uint64_t minBytes,
-              std::uint64_t maxBytes, Algorithm algorithm, Protocol protocol, std::int32_t nChannels = 0) {
+              std::uint64_t maxBytes, std::optional<Algorithm> algorithm, std::optional<Protocol> protocol,
+              std::int32_t nChannels = 0) {
   PlanItem it;
   it.coll = coll;
   it.nRanks = nRanks;
@@ -56,9 +68,9 @@ Plan makePlan(int variant, int rangesPerShape = 8) {
       std::uint64_t lo = 0;
       for (int i = 0; i < rangesPerShape; ++i) {
         const std::uint64_t hi = i + 1 == rangesPerShape ? kMax64 : (std::uint64_t{1024} << i) - 1;
-        PlanItem it = item(static_cast<Collective>(c), shape[0], shape[1], lo, hi,
-                           static_cast<Algorithm>((i + variant) % kNumAlgorithms),
-                           static_cast<Protocol>((i + variant) % kNumProtocols), (variant + i) % 5);
+        PlanItem it = item(*core::collectiveFromNcclFunc(static_cast<int>(c)), shape[0], shape[1], lo, hi,
+                           core::algorithmFromNccl((i + variant) % core::kNumAlgorithms),
+                           core::protocolFromNccl((i + variant) % core::kNumProtocols), (variant + i) % 5);
         it.chunkBytes = static_cast<std::uint64_t>(variant) * 4096;
         it.nativeUs = static_cast<float>(i) + 0.5f;
         it.scheduleId = i % 3 == 0 ? 0 : 0x1000u + static_cast<std::uint64_t>(i);
@@ -78,13 +90,13 @@ std::vector<Decision> expectedDecisions(const Plan& plan, std::uint32_t coll, st
                                         std::uint32_t nNodes) {
   std::vector<Decision> out;
   for (const PlanItem& it : plan.items) {
-    if (static_cast<std::uint32_t>(it.coll) != coll || it.nRanks != nRanks || it.nNodes != nNodes) continue;
+    if (func(it.coll) != coll || it.nRanks != nRanks || it.nNodes != nNodes) continue;
     Decision d;
     d.minBytes = it.minBytes;
     d.maxBytes = it.maxBytes;
     d.chunkBytes = it.chunkBytes;
-    d.algorithm = static_cast<std::int8_t>(it.algorithm);
-    d.protocol = static_cast<std::int8_t>(it.protocol);
+    d.algorithm = stored(it.algorithm);
+    d.protocol = stored(it.protocol);
     d.nChannels = it.nChannels;
     out.push_back(d);
   }
@@ -183,8 +195,8 @@ class SchedCacheTest : public ::testing::Test {
 
 TEST(PlanHash, MatchesCrc64XzOfTheDocumentedFields) {
   Plan plan;
-  plan.items.push_back(item(Collective::kAllReduce, 8, 1, 0, 1023, Algorithm::kRing, Protocol::kSimple, 4));
-  PlanItem second = item(Collective::kAllReduce, 8, 1, 1024, 1 << 20, Algorithm::kTree, Protocol::kLL128);
+  plan.items.push_back(item(Collective::AllReduce, 8, 1, 0, 1023, Algorithm::Ring, Protocol::Simple, 4));
+  PlanItem second = item(Collective::AllReduce, 8, 1, 1024, 1 << 20, Algorithm::Tree, Protocol::LL128);
   second.chunkBytes = 524288;
   second.scheduleId = 0xabcdef;
   plan.items.push_back(second);
@@ -214,10 +226,10 @@ TEST(PlanHash, IgnoresPathsTimesSourceAndOrder) {
     PlanItem& it = c.items[3];
     switch (field) {
       case 0:
-        it.algorithm = it.algorithm == Algorithm::kRing ? Algorithm::kTree : Algorithm::kRing;
+        it.algorithm = it.algorithm == Algorithm::Ring ? Algorithm::Tree : Algorithm::Ring;
         break;
       case 1:
-        it.protocol = it.protocol == Protocol::kLL ? Protocol::kSimple : Protocol::kLL;
+        it.protocol = it.protocol == Protocol::LL ? Protocol::Simple : Protocol::LL;
         break;
       case 2:
         it.nChannels += 1;
@@ -254,29 +266,37 @@ TEST(PlanHash, FormatAndParse) {
   }
 }
 
-TEST(PlanNames, RoundTripAndCaseInsensitive) {
-  for (int c = 0; c < static_cast<int>(kNumCollectives); ++c) {
-    const auto coll = static_cast<Collective>(c);
-    EXPECT_EQ(parseCollective(toString(coll)), coll);
+// The cache's names are the vocabulary's: what plan.json, `optiflow cache show` and the logs have always written.
+TEST(PlanNames, AreTheCacheSpellingsInNcclOrder) {
+  const char* collectives[] = {"broadcast", "reduce", "allgather", "reducescatter", "allreduce"};
+  for (std::uint32_t c = 0; c < kNumCollectives; ++c) {
+    const std::optional<Collective> coll = core::collectiveFromNcclFunc(static_cast<int>(c));
+    ASSERT_TRUE(coll.has_value()) << c;
+    EXPECT_EQ(core::toString(*coll), collectives[c]);
+    EXPECT_EQ(core::parseCollective(collectives[c]), coll);
   }
-  for (int a = 0; a < kNumAlgorithms; ++a) {
-    const auto alg = static_cast<Algorithm>(a);
-    EXPECT_EQ(parseAlgorithm(toString(alg)), alg);
+  EXPECT_FALSE(core::collectiveFromNcclFunc(static_cast<int>(kNumCollectives)).has_value());
+  const char* algorithms[] = {"Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT"};
+  ASSERT_EQ(core::kNumAlgorithms, 7);
+  for (int a = 0; a < core::kNumAlgorithms; ++a) {
+    const std::optional<Algorithm> alg = core::algorithmFromNccl(a);
+    ASSERT_TRUE(alg.has_value()) << a;
+    EXPECT_EQ(core::toString(*alg), algorithms[a]);
+    EXPECT_EQ(core::parseAlgorithm(algorithms[a]), alg);
   }
-  for (int p = 0; p < kNumProtocols; ++p) {
-    const auto proto = static_cast<Protocol>(p);
-    EXPECT_EQ(parseProtocol(toString(proto)), proto);
+  const char* protocols[] = {"LL", "LL128", "Simple"};
+  ASSERT_EQ(core::kNumProtocols, 3);
+  for (int p = 0; p < core::kNumProtocols; ++p) {
+    const std::optional<Protocol> proto = core::protocolFromNccl(p);
+    ASSERT_TRUE(proto.has_value()) << p;
+    EXPECT_EQ(core::toString(*proto), protocols[p]);
+    EXPECT_EQ(core::parseProtocol(protocols[p]), proto);
   }
-  EXPECT_EQ(toString(Collective::kReduceScatter), "reducescatter");
-  EXPECT_EQ(toString(Algorithm::kCollNetDirect), "CollNetDirect");
-  EXPECT_EQ(toString(Algorithm::kPat), "PAT");
-  EXPECT_EQ(toString(Protocol::kLL128), "LL128");
-  EXPECT_EQ(parseCollective("AllReduce"), Collective::kAllReduce);
-  EXPECT_EQ(parseAlgorithm("nvlstree"), Algorithm::kNvlsTree);
-  EXPECT_EQ(parseProtocol("simple"), Protocol::kSimple);
-  EXPECT_FALSE(parseCollective("all_reduce").has_value());
-  EXPECT_FALSE(parseAlgorithm("").has_value());
-  EXPECT_FALSE(parseProtocol("LL64").has_value());
+  EXPECT_EQ(core::parseCollective("AllReduce"), Collective::AllReduce);
+  EXPECT_EQ(core::parseAlgorithm("nvlstree"), Algorithm::NvlsTree);
+  EXPECT_EQ(core::parseProtocol("simple"), Protocol::Simple);
+  EXPECT_FALSE(core::parseAlgorithm("").has_value());
+  EXPECT_FALSE(core::parseProtocol("LL64").has_value());
 }
 
 TEST(PlanValidate, AcceptsGoodPlans) {
@@ -284,30 +304,30 @@ TEST(PlanValidate, AcceptsGoodPlans) {
   EXPECT_EQ(validatePlan(makePlan(3)), "");
   Plan p;
   // Adjacent ranges, and the same range for other shapes and collectives, do not overlap.
-  p.items.push_back(item(Collective::kAllReduce, 8, 1, 0, 99, Algorithm::kRing, Protocol::kLL));
-  p.items.push_back(item(Collective::kAllReduce, 8, 1, 100, 199, Algorithm::kNone, Protocol::kNone));
-  p.items.push_back(item(Collective::kAllReduce, 8, 2, 0, 99, Algorithm::kTree, Protocol::kNone));
-  p.items.push_back(item(Collective::kAllGather, 8, 1, 0, 99, Algorithm::kRing, Protocol::kSimple));
+  p.items.push_back(item(Collective::AllReduce, 8, 1, 0, 99, Algorithm::Ring, Protocol::LL));
+  p.items.push_back(item(Collective::AllReduce, 8, 1, 100, 199, std::nullopt, std::nullopt));
+  p.items.push_back(item(Collective::AllReduce, 8, 2, 0, 99, Algorithm::Tree, std::nullopt));
+  p.items.push_back(item(Collective::AllGather, 8, 1, 0, 99, Algorithm::Ring, Protocol::Simple));
   EXPECT_EQ(validatePlan(p), "");
 }
 
 TEST(PlanValidate, NamesTheItem) {
   auto one = [](PlanItem it) {
     Plan p;
-    p.items.push_back(item(Collective::kAllReduce, 8, 1, 0, 99, Algorithm::kRing, Protocol::kLL));
+    p.items.push_back(item(Collective::AllReduce, 8, 1, 0, 99, Algorithm::Ring, Protocol::LL));
     p.items.push_back(it);
     return validatePlan(p);
   };
-  const PlanItem good = item(Collective::kAllReduce, 32, 4, 1048576, 2097151, Algorithm::kRing, Protocol::kLL);
+  const PlanItem good = item(Collective::AllReduce, 32, 4, 1048576, 2097151, Algorithm::Ring, Protocol::LL);
   const std::string name = "item 1 (allreduce, 32 ranks, 4 nodes, 1048576-2097151 bytes)";
 
   PlanItem it = good;
   it.minBytes = 3000000;
   EXPECT_EQ(one(it).rfind("item 1 (allreduce, 32 ranks, 4 nodes, 3000000-2097151 bytes): minBytes", 0), 0u) << one(it);
   it = good;
-  it.algorithm = Algorithm::kNone;
+  it.algorithm = std::nullopt;
   EXPECT_EQ(one(it).rfind(name + ": protocol LL without an algorithm", 0), 0u) << one(it);
-  it.protocol = Protocol::kNone;
+  it.protocol = std::nullopt;
   it.nChannels = 4;
   EXPECT_EQ(one(it).rfind(name + ": a channel count or chunk size without an algorithm", 0), 0u) << one(it);
   it = good;
@@ -322,18 +342,27 @@ TEST(PlanValidate, NamesTheItem) {
   it = good;
   it.coll = static_cast<Collective>(9);
   EXPECT_EQ(one(it).rfind("item 1 (collective 9, 32 ranks", 0), 0u) << one(it);
+  EXPECT_NE(one(it).find("not a collective NCCL's tuner decides"), std::string::npos) << one(it);
+  it.coll = Collective::AllToAll;  // a collective, but NCCL's tuner has no say in it
+  EXPECT_EQ(one(it).rfind("item 1 (alltoall, 32 ranks, 4 nodes, 1048576-2097151 bytes): not a collective NCCL's tuner "
+                          "decides",
+                          0),
+            0u)
+      << one(it);
   it = good;
   it.algorithm = static_cast<Algorithm>(7);
   EXPECT_EQ(one(it).rfind(name + ": algorithm 7 out of range", 0), 0u) << one(it);
+  it.algorithm = static_cast<Algorithm>(255);  // -1 as the segment's int8: must not read as "no decision"
+  EXPECT_EQ(one(it).rfind(name + ": algorithm 255 out of range", 0), 0u) << one(it);
   it = good;
-  it.protocol = static_cast<Protocol>(-2);
-  EXPECT_EQ(one(it).rfind(name + ": protocol -2 out of range", 0), 0u) << one(it);
+  it.protocol = static_cast<Protocol>(3);
+  EXPECT_EQ(one(it).rfind(name + ": protocol 3 out of range", 0), 0u) << one(it);
 
   Plan overlap;
-  overlap.items.push_back(item(Collective::kAllReduce, 32, 4, 0, 1048575, Algorithm::kRing, Protocol::kLL));
-  overlap.items.push_back(item(Collective::kAllReduce, 32, 4, 2097152, kMax64, Algorithm::kRing, Protocol::kLL));
+  overlap.items.push_back(item(Collective::AllReduce, 32, 4, 0, 1048575, Algorithm::Ring, Protocol::LL));
+  overlap.items.push_back(item(Collective::AllReduce, 32, 4, 2097152, kMax64, Algorithm::Ring, Protocol::LL));
   overlap.items.push_back(good);
-  overlap.items.push_back(item(Collective::kAllReduce, 32, 4, 1048576, 1048576, Algorithm::kTree, Protocol::kLL));
+  overlap.items.push_back(item(Collective::AllReduce, 32, 4, 1048576, 1048576, Algorithm::Tree, Protocol::LL));
   EXPECT_EQ(validatePlan(overlap),
             "item 3 (allreduce, 32 ranks, 4 nodes, 1048576-1048576 bytes): overlaps item 2 (allreduce, 32 ranks, 4 "
             "nodes, 1048576-2097151 bytes)");
@@ -342,7 +371,7 @@ TEST(PlanValidate, NamesTheItem) {
 TEST(PlanValidate, SlotCapacity) {
   Plan big;
   for (std::uint64_t i = 0; i <= kMaxEntries; ++i) {
-    big.items.push_back(item(Collective::kAllReduce, 8, 1, i, i, Algorithm::kRing, Protocol::kLL));
+    big.items.push_back(item(Collective::AllReduce, 8, 1, i, i, Algorithm::Ring, Protocol::LL));
   }
   EXPECT_NE(validatePlan(big).find("16385 items"), std::string::npos) << validatePlan(big);
   big.items.pop_back();
@@ -350,8 +379,8 @@ TEST(PlanValidate, SlotCapacity) {
 
   Plan paths;
   for (int i = 0; i < 3; ++i) {
-    PlanItem it = item(Collective::kAllReduce, 8, 1, static_cast<std::uint64_t>(i), static_cast<std::uint64_t>(i),
-                       Algorithm::kRing, Protocol::kLL);
+    PlanItem it = item(Collective::AllReduce, 8, 1, static_cast<std::uint64_t>(i), static_cast<std::uint64_t>(i),
+                       Algorithm::Ring, Protocol::LL);
     it.jsonPath = std::string(400000, static_cast<char>('a' + i));
     paths.items.push_back(it);
   }
@@ -469,18 +498,18 @@ TEST_F(SchedCacheTest, FindAtRangeEdges) {
   auto w = openWriter();
   ASSERT_NE(w, nullptr);
   Plan plan;
-  plan.items.push_back(item(Collective::kAllReduce, 8, 1, 0, 1023, Algorithm::kRing, Protocol::kLL, 2));
-  plan.items.push_back(item(Collective::kAllReduce, 8, 1, 1024, 65535, Algorithm::kTree, Protocol::kLL128, 4));
+  plan.items.push_back(item(Collective::AllReduce, 8, 1, 0, 1023, Algorithm::Ring, Protocol::LL, 2));
+  plan.items.push_back(item(Collective::AllReduce, 8, 1, 1024, 65535, Algorithm::Tree, Protocol::LL128, 4));
   // A gap from 65536 to 1 MiB - 1.
-  plan.items.push_back(item(Collective::kAllReduce, 8, 1, 1 << 20, kMax64, Algorithm::kRing, Protocol::kSimple, 8));
-  plan.items.push_back(item(Collective::kBroadcast, 8, 1, 4096, 8191, Algorithm::kRing, Protocol::kSimple));
+  plan.items.push_back(item(Collective::AllReduce, 8, 1, 1 << 20, kMax64, Algorithm::Ring, Protocol::Simple, 8));
+  plan.items.push_back(item(Collective::Broadcast, 8, 1, 4096, 8191, Algorithm::Ring, Protocol::Simple));
   publish(*w, plan);
   auto r = attach();
   ASSERT_NE(r, nullptr);
   CommPlan cp;
   ASSERT_EQ(r->loadComm(0, 8, 1, &cp, nullptr), Status::kOk);
-  const auto ar = static_cast<std::uint32_t>(Collective::kAllReduce);
-  const auto bc = static_cast<std::uint32_t>(Collective::kBroadcast);
+  const std::uint32_t ar = func(Collective::AllReduce);
+  const std::uint32_t bc = func(Collective::Broadcast);
   auto channels = [&](std::uint32_t coll, std::uint64_t n) {
     const Decision* d = cp.find(coll, n);
     return d == nullptr ? -1 : d->nChannels;
@@ -497,11 +526,11 @@ TEST_F(SchedCacheTest, FindAtRangeEdges) {
   EXPECT_EQ(channels(bc, 4096), 0);
   EXPECT_EQ(channels(bc, 8191), 0);
   EXPECT_EQ(channels(bc, 8192), -1);
-  EXPECT_EQ(channels(static_cast<std::uint32_t>(Collective::kReduce), 100), -1);
+  EXPECT_EQ(channels(func(Collective::Reduce), 100), -1);
   EXPECT_EQ(cp.find(kNumCollectives, 100), nullptr);
   EXPECT_EQ(cp.find(0xffffffffu, 100), nullptr);
-  EXPECT_EQ(cp.find(ar, 2000)->algorithm, static_cast<std::int8_t>(Algorithm::kTree));
-  EXPECT_EQ(cp.find(ar, 2000)->protocol, static_cast<std::int8_t>(Protocol::kLL128));
+  EXPECT_EQ(cp.find(ar, 2000)->algorithm, stored(Algorithm::Tree));
+  EXPECT_EQ(cp.find(ar, 2000)->protocol, stored(Protocol::LL128));
 }
 
 TEST_F(SchedCacheTest, SamePlanTwiceIsUnchanged) {

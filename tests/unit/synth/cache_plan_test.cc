@@ -22,6 +22,7 @@
 #include "optiflow/compiler/scheduler.h"
 #include "optiflow/core/fixtures.h"
 #include "optiflow/core/topology.h"
+#include "optiflow/core/vocabulary.h"
 #include "optiflow/schedcache/plan.h"
 #include "optiflow/synth/cache_plan.h"
 #include "optiflow/synth/gallery.h"
@@ -184,13 +185,13 @@ TEST_F(CachePlan, EveryEntryBecomesAnItem) {
   EXPECT_EQ(plan->source, run_.string());
   ASSERT_EQ(plan->items.size(), 4u);
   const sc::PlanItem& a = plan->items[0];
-  EXPECT_EQ(a.coll, sc::Collective::kAllGather);
+  EXPECT_EQ(a.coll, core::Collective::AllGather);
   EXPECT_EQ(a.nRanks, 8u);
   EXPECT_EQ(a.nNodes, 1u);
   EXPECT_EQ(a.minBytes, 0u);
   EXPECT_EQ(a.maxBytes, (1u << 20) - 1);
-  EXPECT_EQ(a.algorithm, sc::Algorithm::kRing);
-  EXPECT_EQ(a.protocol, sc::Protocol::kLL);
+  EXPECT_EQ(a.algorithm, core::Algorithm::Ring);
+  EXPECT_EQ(a.protocol, core::Protocol::LL);
   EXPECT_EQ(a.nChannels, 2);
   EXPECT_EQ(a.chunkBytes, 0u);  // absent: NCCL decides
   EXPECT_FLOAT_EQ(a.nativeUs, 9.5f);
@@ -204,8 +205,8 @@ TEST_F(CachePlan, EveryEntryBecomesAnItem) {
 
   const sc::PlanItem& b = plan->items[1];
   EXPECT_EQ(b.minBytes, 1u << 20);
-  EXPECT_EQ(b.algorithm, sc::Algorithm::kRing);
-  EXPECT_EQ(b.protocol, sc::Protocol::kSimple);
+  EXPECT_EQ(b.algorithm, core::Algorithm::Ring);
+  EXPECT_EQ(b.protocol, core::Protocol::Simple);
   EXPECT_EQ(b.nChannels, 8);
   EXPECT_EQ(b.chunkBytes, 131072u);
   EXPECT_EQ(b.scheduleId, scheduleFileId(schedules().json1m));
@@ -214,8 +215,8 @@ TEST_F(CachePlan, EveryEntryBecomesAnItem) {
   // Nothing timed and no synthesized schedule: an entry without a decision.
   const sc::PlanItem& c = plan->items[2];
   EXPECT_EQ(c.maxBytes, kMaxBytes);
-  EXPECT_EQ(c.algorithm, sc::Algorithm::kNone);
-  EXPECT_EQ(c.protocol, sc::Protocol::kNone);
+  EXPECT_FALSE(c.algorithm.has_value());
+  EXPECT_FALSE(c.protocol.has_value());
   EXPECT_EQ(c.nChannels, 0);
   EXPECT_EQ(c.scheduleId, 0u);
   EXPECT_TRUE(c.jsonPath.empty());
@@ -224,9 +225,9 @@ TEST_F(CachePlan, EveryEntryBecomesAnItem) {
   EXPECT_FLOAT_EQ(c.boundUs, 3000.f);
 
   const sc::PlanItem& d = plan->items[3];
-  EXPECT_EQ(d.coll, sc::Collective::kAllReduce);
-  EXPECT_EQ(d.algorithm, sc::Algorithm::kTree);
-  EXPECT_EQ(d.protocol, sc::Protocol::kLL128);
+  EXPECT_EQ(d.coll, core::Collective::AllReduce);
+  EXPECT_EQ(d.algorithm, core::Algorithm::Tree);
+  EXPECT_EQ(d.protocol, core::Protocol::LL128);
   EXPECT_EQ(d.nChannels, 4);
   EXPECT_TRUE(sc::validatePlan(*plan).empty()) << sc::validatePlan(*plan);
 }
@@ -264,8 +265,8 @@ TEST_F(CachePlan, NamesThatTheCacheDoesNotKnowAreNoDecision) {
     auto loaded = loadPlanForCache(run_, true);
     ASSERT_TRUE(loaded.ok()) << loaded.error().str();
     const sc::PlanItem& it = loaded->items[0];
-    EXPECT_EQ(it.algorithm, sc::Algorithm::kNone);
-    EXPECT_EQ(it.protocol, sc::Protocol::kNone);
+    EXPECT_FALSE(it.algorithm.has_value());
+    EXPECT_FALSE(it.protocol.has_value());
     EXPECT_EQ(it.nChannels, 0);
     EXPECT_EQ(it.chunkBytes, 0u);
     // The synthesized schedule stays: `cache show` and `verify` still list it.

@@ -13,12 +13,14 @@
 
 #include <gtest/gtest.h>
 
+#include "optiflow/core/vocabulary.h"
 #include "optiflow/plugin/params.h"
 #include "optiflow/schedcache/writer.h"
 #include "optiflow/tuner/tuner.h"
 
 namespace {
 
+namespace core = optiflow::core;
 namespace sc = optiflow::schedcache;
 using optiflow::tuner::CommTuner;
 
@@ -143,17 +145,17 @@ class CaptureLog final : public optiflow::tuner::Log {
   std::vector<std::string> lines;
 };
 
-sc::Plan planFor(std::uint32_t ranks, std::uint32_t nodes, sc::Algorithm algo) {
+sc::Plan planFor(std::uint32_t ranks, std::uint32_t nodes, core::Algorithm algo) {
   sc::Plan p;
   p.source = "tuner_test";
   sc::PlanItem it;
-  it.coll = sc::Collective::kAllReduce;
+  it.coll = core::Collective::AllReduce;
   it.nRanks = ranks;
   it.nNodes = nodes;
   it.minBytes = 0;
   it.maxBytes = ~0ULL;
   it.algorithm = algo;
-  it.protocol = sc::Protocol::kSimple;
+  it.protocol = core::Protocol::Simple;
   it.nChannels = 8;
   p.items.push_back(it);
   return p;
@@ -194,11 +196,11 @@ TEST_F(InitComm, NoSegmentMeansNoPlan) {
 }
 
 TEST_F(InitComm, OneNodeRanksAdoptTheFirstRanksPlan) {
-  const std::uint64_t a = publish(planFor(8, 1, sc::Algorithm::kRing));
+  const std::uint64_t a = publish(planFor(8, 1, core::Algorithm::Ring));
   auto first = optiflow::tuner::initComm(settings_, {0x42, 8, 1}, log_);
   ASSERT_TRUE(first.ok);
   EXPECT_EQ(first.tuner->planHash(), a);
-  const std::uint64_t b = publish(planFor(8, 1, sc::Algorithm::kTree));  // lands between two ranks' inits
+  const std::uint64_t b = publish(planFor(8, 1, core::Algorithm::Tree));  // lands between two ranks' inits
   ASSERT_NE(a, b);
   auto second = optiflow::tuner::initComm(settings_, {0x42, 8, 1}, log_);
   ASSERT_TRUE(second.ok);
@@ -208,7 +210,7 @@ TEST_F(InitComm, OneNodeRanksAdoptTheFirstRanksPlan) {
 }
 
 TEST_F(InitComm, MultiNodeOrNoCommIdWithoutPinMeansNoPlan) {
-  publish(planFor(16, 2, sc::Algorithm::kRing));
+  publish(planFor(16, 2, core::Algorithm::Ring));
   auto multi = optiflow::tuner::initComm(settings_, {0x42, 16, 2}, log_);
   ASSERT_TRUE(multi.ok);
   EXPECT_FALSE(multi.tuner->hasPlan());
@@ -219,7 +221,7 @@ TEST_F(InitComm, MultiNodeOrNoCommIdWithoutPinMeansNoPlan) {
 }
 
 TEST_F(InitComm, APinnedPlanIsUsedOnEveryShapeAndItsAbsenceFailsInit) {
-  const std::uint64_t a = publish(planFor(16, 2, sc::Algorithm::kRing));
+  const std::uint64_t a = publish(planFor(16, 2, core::Algorithm::Ring));
   settings_.pinned = a;
   auto ok = optiflow::tuner::initComm(settings_, {std::nullopt, 16, 2}, log_);
   ASSERT_TRUE(ok.ok);
@@ -243,7 +245,7 @@ TEST_F(InitComm, YoungSegmentGivesNoPlan) {
   auto first = optiflow::tuner::initComm(settings_, {0x42, 8, 1}, log_);
   ASSERT_TRUE(first.ok);
   EXPECT_FALSE(first.tuner->hasPlan());
-  publish(planFor(8, 1, sc::Algorithm::kRing));
+  publish(planFor(8, 1, core::Algorithm::Ring));
   auto second = optiflow::tuner::initComm(settings_, {0x42, 8, 1}, log_);
   ASSERT_TRUE(second.ok);
   EXPECT_FALSE(second.tuner->hasPlan()) << log_.all();
@@ -256,7 +258,7 @@ TEST_F(InitComm, YoungSegmentGivesNoPlan) {
 }
 
 TEST_F(InitComm, UserOverridesAndOffSwitchStepAside) {
-  publish(planFor(8, 1, sc::Algorithm::kRing));
+  publish(planFor(8, 1, core::Algorithm::Ring));
   settings_.ncclOverride = "NCCL_ALGO=Tree";
   EXPECT_FALSE(optiflow::tuner::initComm(settings_, {0x42, 8, 1}, log_).tuner->hasPlan());
   settings_.ncclOverride.clear();

@@ -13,7 +13,7 @@
 namespace optiflow::daemon {
 
 struct Workload {
-  std::uint32_t collective = 0;      // schedcache::Collective value
+  std::uint32_t collective = 0;      // NCCL's ncclFunc_t index, as Activity counts (core::collectiveFromNcclFunc)
   std::vector<std::uint64_t> sizes;  // representative sizes (2^bucket) the jobs used, ascending
   std::uint64_t calls = 0;           // total calls seen
 };

@@ -40,29 +40,6 @@ inline constexpr std::size_t kBuildBytes = 32;
 inline constexpr std::uint64_t kPinPending = 0;
 inline constexpr std::uint64_t kPinNoPlan = 1;
 
-// Values equal NCCL's ncclFunc_t / algorithm / protocol indices (the plugin static_asserts that), so a decision
-// is applied without translation. Kept as integers here: this layer never sees NCCL's types.
-enum class Collective : std::uint8_t {
-  kBroadcast = 0,
-  kReduce = 1,
-  kAllGather = 2,
-  kReduceScatter = 3,
-  kAllReduce = 4
-};
-enum class Algorithm : std::int8_t {
-  kNone = -1,
-  kTree = 0,
-  kRing = 1,
-  kCollNetDirect = 2,
-  kCollNetChain = 3,
-  kNvls = 4,
-  kNvlsTree = 5,
-  kPat = 6
-};
-enum class Protocol : std::int8_t { kNone = -1, kLL = 0, kLL128 = 1, kSimple = 2 };
-inline constexpr int kNumAlgorithms = 7;
-inline constexpr int kNumProtocols = 3;
-
 // One decision: for calls of `coll` with nBytes in [minBytes, maxBytes] on a communicator of nRanks ranks over
 // nNodes nodes. Entries of one (coll, nRanks, nNodes) never overlap; the writer checks that.
 struct PlanEntry {
@@ -78,9 +55,11 @@ struct PlanEntry {
   float ncclUs;            // simulated time of NCCL's own choice, for `optiflow cache show`
   std::uint32_t jsonPath;  // offsets into PlanSlot::strings, kNoString when absent
   std::uint32_t xmlPath;
-  std::uint8_t coll;       // Collective
-  std::int8_t algorithm;   // Algorithm; kNone: no decision (the tuner leaves NCCL's choice alone)
-  std::int8_t protocol;    // Protocol
+  // NCCL's own indices, so the tuner applies a decision without translation (the plugin static_asserts them against
+  // NCCL's): ncclFunc_t (core::ncclFuncIndex), NCCL_ALGO_* and NCCL_PROTO_* (core::ncclIndex).
+  std::uint8_t coll;
+  std::int8_t algorithm;   // -1: no decision (the tuner leaves NCCL's choice alone)
+  std::int8_t protocol;    // -1: any
   std::uint8_t flags;      // reserved, 0
   std::int32_t nChannels;  // 0: NCCL decides
   std::uint64_t reserved;

@@ -8,20 +8,23 @@
 #include <string_view>
 #include <vector>
 
+#include "optiflow/core/vocabulary.h"
 #include "optiflow/schedcache/layout.h"
 
 namespace optiflow::schedcache {
 
+// In the segment a PlanItem is a PlanEntry of NCCL's indices; the writer and the reader convert, in one place
+// (src/entry.h, through core's ncclFuncIndex/ncclIndex and back).
 struct PlanItem {
-  Collective coll = Collective::kAllReduce;
+  core::Collective coll = core::Collective::AllReduce;  // one NCCL's tuner decides (core::ncclFuncIndex)
   std::uint32_t nRanks = 0;
   std::uint32_t nNodes = 0;
   std::uint64_t minBytes = 0;
-  std::uint64_t maxBytes = 0;  // inclusive
-  Algorithm algorithm = Algorithm::kNone;
-  Protocol protocol = Protocol::kNone;
-  std::int32_t nChannels = 0;    // 0: NCCL decides
-  std::uint64_t chunkBytes = 0;  // 0: NCCL decides
+  std::uint64_t maxBytes = 0;                // inclusive
+  std::optional<core::Algorithm> algorithm;  // nullopt: no decision, NCCL decides
+  std::optional<core::Protocol> protocol;    // nullopt: any (only with an algorithm)
+  std::int32_t nChannels = 0;                // 0: NCCL decides
+  std::uint64_t chunkBytes = 0;              // 0: NCCL decides
   float nativeUs = 0;
   float bestUs = 0;
   float boundUs = 0;
@@ -46,17 +49,9 @@ std::string formatHash(std::uint64_t hash);
 std::optional<std::uint64_t> parseHash(std::string_view text);
 
 // Empty when the plan can be published; otherwise what is wrong, naming the item (index, collective, size range):
-// too many items or too many path bytes for a slot, a collective/algorithm/protocol out of range, a protocol without
-// an algorithm, negative channels, minBytes > maxBytes, zero ranks or nodes, overlapping ranges of one
-// (collective, ranks, nodes).
+// too many items or too many path bytes for a slot, a collective NCCL's tuner does not decide (alltoall, custom, a
+// value out of range), an algorithm/protocol out of range, a protocol without an algorithm, negative channels,
+// minBytes > maxBytes, zero ranks or nodes, overlapping ranges of one (collective, ranks, nodes).
 std::string validatePlan(const Plan& plan);
-
-// Names as plan.json, the CLI and logs write them ("allreduce", "Ring", "LL128"); parsing is case-insensitive.
-std::string_view toString(Collective c);
-std::string_view toString(Algorithm a);
-std::string_view toString(Protocol p);
-std::optional<Collective> parseCollective(std::string_view name);
-std::optional<Algorithm> parseAlgorithm(std::string_view name);  // "Tree", "Ring", "CollNetDirect", ..., "PAT"
-std::optional<Protocol> parseProtocol(std::string_view name);    // "LL", "LL128", "Simple"
 
 }  // namespace optiflow::schedcache

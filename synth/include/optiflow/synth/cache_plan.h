@@ -15,7 +15,7 @@
 namespace optiflow::synth {
 
 // Reads PLAN_DIR/plan.json (format "optiflow-plan", version 1). Per entry: the range [min_bytes, max_bytes], the
-// decision from "native" (Algorithm::kNone when native is absent or null, its time_us is 0 or its algorithm or
+// decision from "native" (no algorithm when native is absent or null, its time_us is 0 or its algorithm or
 // protocol is a name the cache does not know), the times, and from "best" (may be null) the absolute paths of
 // schedule_json/schedule_xml with the schedule id (scheduleFileId of the JSON file). Plan::source is planDir made
 // absolute. The plan must pass schedcache::validatePlan.
