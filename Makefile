@@ -6,7 +6,7 @@ OPTIFLOW := $(BUILD_DIR)/cli/optiflow
 DEMO_DIR := $(BUILD_DIR)/demo
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps configure build test demo bench asan tsan clang fuzz format format-check clean package package-test k8s-check
+.PHONY: all deps configure build test demo bench bench-scale asan tsan clang fuzz format format-check clean package package-test k8s-check
 
 all: build
 
@@ -54,13 +54,18 @@ package-test: package
 k8s-check: deps
 	@./scripts/k8s-check.sh
 
-# Benchmarks: simulator scaling, compile speed, the tuner's per-call cost (Google Benchmark) and the net transport
-# against a raw socket loop on loopback (net_bench prints a table).
+# Benchmarks: simulator scaling, compile speed, the tuner's per-call cost (Google Benchmark), the net transport
+# against a raw socket loop on loopback (net_bench prints a table) and synthesis runs (scripts/synthesis-bench.sh).
 bench: build
 	@$(BUILD_DIR)/bench/sim_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 	@$(BUILD_DIR)/bench/compile_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 	@$(BUILD_DIR)/bench/tuner_bench --benchmark_repetitions=10 --benchmark_report_aggregates_only=true
 	@$(BUILD_DIR)/bench/net_bench --reps 5 --mib 256 --msgs 200000
+	@./scripts/synthesis-bench.sh $(BUILD_DIR) quick
+
+# The synthesis table on 8 to 1024 GPUs (docs/synthesis.md); hours above 128 GPUs.
+bench-scale: build
+	@./scripts/synthesis-bench.sh $(BUILD_DIR) scale
 
 # The sanitizer build CI runs as well.
 asan:

@@ -11,6 +11,7 @@ packages=(
   clang libclang-rt-14-dev clang-format
   rpm dpkg-dev
   yamllint
+  time python3  # make bench (scripts/synthesis-bench.sh)
   kubectl nodejs  # make k8s-check (nodejs ships npm on these machines)
 )
 

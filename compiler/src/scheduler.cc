@@ -339,7 +339,16 @@ bool Scheduler::receive(const PendingRecv& pd, int roundFirstOp, std::vector<Pen
 }
 
 bool Scheduler::copyToFinal(int chunks, std::vector<int>& deps) {
-  // An All-Gather rank's own block, a root's data, anything a one-rank program never moves.
+  // An All-Gather rank's own block, a root's data, anything a one-rank program never moves. Counted first: ops_
+  // holds every op of the program by now, and growing it by doubling would copy all of them for a few copies more.
+  std::size_t copies = 0;
+  for (int r = 0; r < n(); ++r) {
+    for (int sc = 0; sc < chunks; ++sc) {
+      const Slot f = finalSlot(r, sc);
+      copies += f.valid() && st_[r].loc[sc].valid() && !(st_[r].loc[sc] == f) ? 1 : 0;
+    }
+  }
+  ops_.reserve(ops_.size() + copies);
   for (int r = 0; r < n(); ++r) {
     for (int sc = 0; sc < chunks; ++sc) {
       const Slot f = finalSlot(r, sc);
