@@ -9,11 +9,13 @@
 #     SET = quick (default; `make bench`): dgx-a100x4 All-Gather (11 and 21 sizes), Reduce-Scatter, All-Reduce
 #           scale: All-Gather on 8 to 1024 GPUs (dgx-h100 x 1 ... x 128); takes hours above 128 GPUs
 #     OPTIFLOW_BENCH_BUDGET_S: --time-budget per run (default 0: none)
+#     OPTIFLOW_BENCH_MAX_GPUS: skip clusters with more GPUs (default: none skipped)
 set -euo pipefail
 
 build_dir=${1:-build/default}
 set_name=${2:-quick}
 budget=${OPTIFLOW_BENCH_BUDGET_S:-0}
+max_gpus=${OPTIFLOW_BENCH_MAX_GPUS:-0}
 optiflow=$build_dir/cli/optiflow
 [[ -x $optiflow ]] || { echo "synthesis-bench: $optiflow not found (build first: make build)" >&2; exit 2; }
 command -v /usr/bin/time >/dev/null || { echo "synthesis-bench: /usr/bin/time is missing (apt-get install time)" >&2; exit 2; }
@@ -35,6 +37,9 @@ printf '%-14s %5s %-14s %5s %8s %8s %8s %6s %6s %11s %13s  %s\n' topology gpus c
   rounds cands min_speedup worst_x_bound stop
 for run in "${runs[@]}"; do
   read -r topo coll sizes <<<"$run"
+  nodes=1
+  [[ $topo =~ x([0-9]+)$ ]] && nodes=${BASH_REMATCH[1]}
+  if ((max_gpus > 0 && nodes * 8 > max_gpus)); then continue; fi
   out=$work/$topo-$coll
   if ! /usr/bin/time -f '%e %U %S %M' -o "$work/time" "$optiflow" synthesize --topo "$topo" --coll "$coll" \
       --sizes "$sizes" --time-budget "$budget" --out "$out" --force --json -q >"$work/result.json" 2>"$work/err"; then
