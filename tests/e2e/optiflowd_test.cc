@@ -27,8 +27,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "llm_test_support.h"
 #include "abi_test_support.h"
+#include "llm_test_support.h"
 #include "optiflow/core/vocabulary.h"
 #include "optiflow/schedcache/plan.h"
 #include "optiflow/schedcache/reader.h"
