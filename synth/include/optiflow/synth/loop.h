@@ -25,7 +25,7 @@ struct SynthConfig {
   int rounds = 8;                       // at most this many rounds
   double timeBudgetS = 0;               // stop starting new candidates after this long; 0 = no limit
   int candidatesPerRound = 8;           // asked of the proposer each round
-  int patience = 2;                     // converged after this many rounds without a gain of `minGain` at any size
+  int patience = 3;                     // converged after this many rounds without a gain of `minGain` at any size
   double minGain = 0.005;               // relative
   int root = 0;                         // Broadcast/Reduce
   sim::SimParams params;                // the simulator's constants (launch model) for baselines and candidates
