@@ -3,8 +3,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "optiflow/calib/calibration_file.h"
+#include "optiflow/core/topology.h"
+#include "optiflow/sim/simulator.h"
 
 namespace optiflow::cli {
 
@@ -20,6 +25,7 @@ struct PerfArgs {
   std::string protocol;          // simulate: force LL | LL128 | Simple (default: the schedule's own)
   bool json = false;
   bool simulateNccl = false;  // baseline: also time NCCL's own algorithm as a schedule with the simulator
+  std::string calibration;    // CAL.toml (docs/calibration.md); empty: the uncalibrated models
 };
 
 struct CompileArgs {
@@ -33,6 +39,7 @@ struct CompileArgs {
   int slices = 0;
   int root = 0;
   std::string limits = "msccl";
+  std::string calibration;
 };
 
 struct CompareArgs {
@@ -44,6 +51,7 @@ struct CompareArgs {
   int root = 0;
   bool json = false;
   bool verbose = false;
+  std::string calibration;
 };
 
 struct SynthArgs {
@@ -66,7 +74,24 @@ struct SynthArgs {
   int root = 0;
   bool json = false;
   bool quiet = false;
+  std::string calibration;
 };
+
+// `optiflow calibrate LOG... --topo T [-o CAL.toml]`: fits both models to nccl-tests logs (docs/calibration.md).
+struct CalibrateArgs {
+  std::vector<std::string> logs;
+  std::string topology;
+  std::string output;       // CAL.toml to write; empty: print only
+  std::string calibration;  // check this calibration against the logs instead of fitting one
+  std::string collective;   // only runs of this collective
+  bool json = false;
+};
+
+// --calibration PATH for `topo`: nullopt (after printing why) when it cannot be read or does not apply; an empty
+// optional when `path` is empty.
+std::optional<std::optional<calib::Calibration>> calibrationArg(const std::string& path, const core::Topology& topo);
+// The simulator's parameters for `launch` ("graph" or "host"), calibrated when `cal` has a value.
+sim::SimParams simParamsFor(const std::optional<calib::Calibration>& cal, const std::string& launch);
 
 struct ReportArgs {
   std::string dir;
@@ -86,6 +111,7 @@ struct CacheArgs {
   std::vector<std::string> railWeights;  // rails set: NAME=WEIGHT
 };
 
+int runCalibrate(const CalibrateArgs& args);
 int runCompile(const CompileArgs& args);
 int runCompare(const CompareArgs& args);
 int runSynthesize(const SynthArgs& args);

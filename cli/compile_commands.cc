@@ -47,6 +47,8 @@ int runCompile(const CompileArgs& a) {
   if (!text) return kExitBadInput;
   auto topo = topologyArg(a.topology);
   if (!topo) return kExitBadInput;
+  // A compiled schedule does not depend on a calibration (only its times do); the file is still checked.
+  if (!calibrationArg(a.calibration, *topo)) return kExitBadInput;
   compiler::CompileOptions o;
   if (!a.size.empty()) {
     auto size = core::parseSize(a.size);
@@ -133,8 +135,9 @@ int runCompare(const CompareArgs& a) {
     fmt::print(stderr, "optiflow: none of the programs is a {} program\n", a.collective);
     return kExitBadInput;
   }
-  sim::SimParams params;
-  params.launchUs = a.launch == "host" ? sim::kLaunchUsHost : sim::kLaunchUsCudaGraph;
+  auto cal = calibrationArg(a.calibration, *topo);
+  if (!cal) return kExitBadInput;
+  const sim::SimParams params = simParamsFor(*cal, a.launch);
   const sim::BoundModel bounds(*topo);
   // What a perfect schedule could reach in the simulator: the same cuts at the simulator's link efficiencies.
   const sim::BoundModel effBounds(
@@ -156,7 +159,7 @@ int runCompare(const CompareArgs& a) {
         fmt::format("{}/{}/{}ch", core::toString(pred.algorithm), core::toString(pred.protocol), pred.channels);
     auto ns = sim::ncclScheduleFor(*topo, *coll, pred);
     if (ns) {
-      const sim::SimResult r = sim::simulate(*ns, *topo, size, sim::ncclSimParams(pred, params.launchUs));
+      const sim::SimResult r = sim::simulate(*ns, *topo, size, sim::ncclSimParams(pred, params));
       if (r.ok) ncclUs = r.timeUs;
     }
     const double bound = bounds.bound(*coll, size).timeUs;

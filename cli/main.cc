@@ -258,9 +258,26 @@ int main(int argc, char** argv) {
   fixture->add_option("-o,--output", out, "Output file (default: standard output)");
   fixture->callback([&] { rc = (cmdFixture(coll, ranks, channels, inPlace, format, out)); });
 
+  static constexpr const char* kCalibrationHelp =
+      "Calibration of both models (optiflow calibrate; docs/calibration.md)";
+  optiflow::cli::CalibrateArgs calArgs;
+  auto* calibrate = app.add_subcommand(
+      "calibrate", "Fit the simulator and NCCL's model to nccl-tests logs of the cluster and write CAL.toml");
+  calibrate->add_option("logs", calArgs.logs, "nccl-tests logs (text, as printed or pasted, or -J JSON)")->required();
+  calibrate->add_option("--topo", calArgs.topology, "Preset or TOML topology file of the cluster the logs ran on")
+      ->required();
+  calibrate->add_option("-o,--output", calArgs.output, "Calibration file to write (CAL.toml)");
+  calibrate->add_option("--calibration", calArgs.calibration,
+                        "Check this calibration against the logs instead of fitting one");
+  calibrate->add_option("--coll", calArgs.collective, "Only the runs of this collective")
+      ->check(CLI::IsMember({"allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall"}));
+  calibrate->add_flag("--json", calArgs.json, "Print JSON");
+  calibrate->callback([&] { rc = optiflow::cli::runCalibrate(calArgs); });
+
   optiflow::cli::PerfArgs perf;
   auto addPerfOptions = [&perf](CLI::App* cmd, bool withCollective) {
     cmd->add_option("--topo", perf.topology, "Preset (e.g. dgx-a100x4) or TOML topology file")->required();
+    cmd->add_option("--calibration", perf.calibration, kCalibrationHelp);
     if (withCollective) {
       cmd->add_option("--coll", perf.collective, "Collective")
           ->check(CLI::IsMember({"allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall"}));
@@ -290,6 +307,7 @@ int main(int argc, char** argv) {
   auto* compile = app.add_subcommand("compile", "Compile a program in the OptiFlow language into a verified schedule");
   compile->add_option("program", comp.program, "Program file (.ofl)")->required();
   compile->add_option("--topo", comp.topology, "Preset (e.g. dgx-a100x4) or TOML topology file")->required();
+  compile->add_option("--calibration", comp.calibration, kCalibrationHelp);
   compile->add_option("--size", comp.size, "Message size to tune for (nccl-tests convention), e.g. 256MiB");
   compile->add_option("--format", comp.format, "Output format")->check(CLI::IsMember({"json", "msccl-xml"}));
   compile->add_option("-o,--output", comp.output, "Output file (default: standard output)");
@@ -307,6 +325,7 @@ int main(int argc, char** argv) {
   compare->add_option("programs", cmp.programs, "Program files (.ofl); those for other collectives are skipped")
       ->required();
   compare->add_option("--topo", cmp.topology, "Preset (e.g. dgx-a100x4) or TOML topology file")->required();
+  compare->add_option("--calibration", cmp.calibration, kCalibrationHelp);
   compare->add_option("--coll", cmp.collective, "Collective")
       ->check(CLI::IsMember({"allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall"}));
   compare->add_option("--sizes", cmp.sizes, "Sizes as nccl-tests counts them: 1KiB:1GiB[:factor] or a list");
@@ -321,6 +340,7 @@ int main(int argc, char** argv) {
   auto* synthesize = app.add_subcommand(
       "synthesize", "Discover schedules round by round (proposer -> compiler -> verifier -> simulator), best per size");
   synthesize->add_option("--topo", syn.topology, "Preset (e.g. dgx-a100x4) or TOML topology file")->required();
+  synthesize->add_option("--calibration", syn.calibration, kCalibrationHelp);
   synthesize->add_option("--coll", syn.collective, "Collective")
       ->check(CLI::IsMember({"allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall"}));
   synthesize->add_option("--sizes", syn.sizes, "Sizes as nccl-tests counts them: 1KiB:1GiB[:factor] or a list")

@@ -11,6 +11,7 @@
 #include "optiflow/core/topology.h"
 #include "optiflow/core/units.h"
 #include "optiflow/sim/bounds.h"
+#include "optiflow/sim/calibration.h"
 #include "optiflow/sim/nccl_model.h"
 #include "optiflow/sim/nccl_schedules.h"
 #include "optiflow/sim/network.h"
@@ -25,6 +26,7 @@ struct Setup {
   core::Topology topology;
   std::vector<std::uint64_t> sizes;
   sim::SimParams params;
+  std::optional<calib::Calibration> calibration;
 };
 
 std::optional<Setup> prepare(const PerfArgs& a) {
@@ -38,8 +40,10 @@ std::optional<Setup> prepare(const PerfArgs& a) {
     fmt::print(stderr, "optiflow: --sizes: {}\n", sizes.error().str());
     return std::nullopt;
   }
-  Setup s{std::move(topo).value(), std::move(sizes).value(), {}};
-  s.params.launchUs = a.launch == "host" ? sim::kLaunchUsHost : sim::kLaunchUsCudaGraph;
+  auto cal = calibrationArg(a.calibration, *topo);
+  if (!cal) return std::nullopt;
+  Setup s{std::move(topo).value(), std::move(sizes).value(), {}, std::move(*cal)};
+  s.params = simParamsFor(s.calibration, a.launch);
   if (!a.protocol.empty()) s.params.protocol = core::parseProtocol(a.protocol);
   return s;
 }
@@ -144,8 +148,9 @@ int runBound(const PerfArgs& a) {
   const sim::BoundModel bounds(setup->topology);
   nlohmann::json rows = nlohmann::json::array();
   if (!a.json) {
-    fmt::print("lower bound for {} on {} ({} GPUs)\n", core::toString(*coll), setup->topology.name,
-               setup->topology.nRanks());
+    fmt::print("lower bound for {} on {} ({} GPUs){}\n", core::toString(*coll), setup->topology.name,
+               setup->topology.nRanks(),
+               setup->calibration ? " (a calibration changes no bound: it holds for the raw link bandwidths)" : "");
     fmt::print("{:>10} {:>12} {:>12} {:>12} {:>11} {:>11}  {}\n", "size", "time_us", "latency_us", "bandwidth_us",
                "algbw_GB/s", "busbw_GB/s", "binding constraint");
   }
@@ -189,14 +194,26 @@ int runBaseline(const PerfArgs& a) {
   if (!a.json) {
     fmt::print("NCCL's own model for {} on {} ({} GPUs){}\n", core::toString(*coll), setup->topology.name,
                setup->topology.nRanks(), a.simulateNccl ? ", and NCCL's algorithm timed by the simulator" : "");
+    if (setup->calibration) {
+      fmt::print("Calibrated by {} (fitted on {}): times include the fitted {} launch; reports believe the {}\n",
+                 setup->calibration->file, setup->calibration->fittedOn, a.launch,
+                 setup->calibration->believe == "simulator" ? "simulator" : "NCCL model");
+    }
     fmt::print("{:>10} {:>9} {:>7} {:>4} {:>11} {:>11} {:>11} {:>11}{}\n", "size", "algorithm", "proto", "ch",
                "time_us", "algbw_GB/s", "busbw_GB/s", "bound_us", a.simulateNccl ? "      sim_us  sim/model" : "");
   }
   for (std::uint64_t size : setup->sizes) {
-    const sim::NcclPrediction p = sim::ncclPredict(tuning, *coll, size);
+    sim::NcclPrediction p = sim::ncclPredict(tuning, *coll, size);
     if (!p.ok()) {
       fmt::print(stderr, "optiflow: NCCL model at {}: {}\n", core::formatSize(size), p.error);
       return kExitBadInput;
+    }
+    if (setup->calibration) {
+      // The choice stays NCCL's; its time is the calibrated one (calibration.h).
+      const sim::LaunchMode mode = a.launch == "host" ? sim::LaunchMode::Host : sim::LaunchMode::Graph;
+      p.timeUs = sim::calibratedNcclTimeUs(p, setup->calibration->ncclModel.params, mode);
+      p.algbwGBps = static_cast<double>(size) / (1000.0 * p.timeUs);
+      p.busbwGBps = p.algbwGBps * core::busBandwidthFactor(*coll, setup->topology.nRanks());
     }
     const sim::Bound b = bounds.bound(*coll, size);
     std::optional<sim::SimResult> simulated;
@@ -205,7 +222,7 @@ int runBaseline(const PerfArgs& a) {
       auto sched = sim::ncclScheduleFor(setup->topology, *coll, p);
       if (sched) {
         // NCCL's own caps and host overheads, as the calibration uses them (docs/calibration.md).
-        sim::SimParams params = sim::ncclSimParams(p, setup->params.launchUs);
+        sim::SimParams params = sim::ncclSimParams(p, setup->params);
         params.protocol = p.protocol;
         simulated = sim::simulate(*sched, *net, size, params);
         if (!simulated->ok) simNote = simulated->error;

@@ -178,7 +178,9 @@ int runSynthesize(const SynthArgs& a) {
   cfg.candidatesPerRound = a.candidates;
   cfg.timeBudgetS = a.timeBudgetS;
   cfg.root = a.root;
-  cfg.params.launchUs = a.launch == "host" ? sim::kLaunchUsHost : sim::kLaunchUsCudaGraph;
+  auto cal = calibrationArg(a.calibration, *topo);
+  if (!cal) return kExitBadInput;
+  cfg.params = simParamsFor(*cal, a.launch);
 
   // Every argument is checked before the run directory is touched, so a wrong flag loses nothing.
   synth::SynthesisSpec spec;

@@ -488,12 +488,13 @@ double modelBandwidth(const NcclTuning& tu, const NcclModelOptions& o, Collectiv
   return busBw;  // PAT and NVLS AG/RS: used as algbw
 }
 
-double modelLatency(const NcclTuning& tu, const NcclModelOptions& /*o*/, Collective c, int a, int p) {
+// `interScale` multiplies the network hops' latency (1 = NCCL's; 0 gives the latency without them).
+double modelLatency(const NcclTuning& tu, Collective c, int a, int p, double interScale) {
   const auto algo = static_cast<core::Algorithm>(a);
   const int hw = tu.ring.nvlinkIntra ? kHwNvLink : kHwPci;
   const double intra = kHwLat[hw][a][p];
   // latencyInter is 0 for the IB and socket transports, so the Simple "flush" adds nothing.
-  const double inter = kHwLat[kHwNet][tu.ppn == 1 ? kAlgoTree : a][p];
+  const double inter = interScale * kHwLat[kHwNet][tu.ppn == 1 ? kAlgoTree : a][p];
   const double base = kBaseLat[a][p];
   const int n = tu.nRanks;
   const double depth = log2Floor(tu.nNodes);
@@ -506,7 +507,7 @@ double modelLatency(const NcclTuning& tu, const NcclModelOptions& /*o*/, Collect
         if (tu.nNodes == 1) return base + intra;
         const int q = p == kSimple ? kAlgoTree : kAlgoRing;
         const int interSteps = tu.nNodes - 1;
-        return base + (steps - interSteps) * kHwLat[hw][q][p] + interSteps * kHwLat[kHwNet][q][p];
+        return base + (steps - interSteps) * kHwLat[hw][q][p] + interSteps * interScale * kHwLat[kHwNet][q][p];
       }
       int interSteps = 0;
       if (tu.nNodes > 1) interSteps = c == Collective::AllReduce ? 2 * (tu.nNodes - 1) : tu.nNodes - 1;
@@ -601,6 +602,7 @@ NcclPrediction ncclPredict(const NcclTuning& tu, Collective collective, std::uin
   for (auto& row : pr.latency) row.fill(-1);
   for (auto& row : pr.bandwidth) row.fill(-1);
   for (auto& row : pr.time) row.fill(-1);
+  for (auto& row : pr.netLatency) row.fill(-1);
   if (tu.nRanks < 2) {
     pr.error = "one rank: NCCL runs no algorithm (a local copy)";
     return pr;
@@ -612,11 +614,15 @@ NcclPrediction ncclPredict(const NcclTuning& tu, Collective collective, std::uin
       double bw = modelBandwidth(tu, options, collective, a, p);
       if (bw <= 0) continue;
       if (a == kAlgoTree && collective == Collective::AllReduce) bw *= treeCorrection(p, sizeBytes);
-      double lat = modelLatency(tu, options, collective, a, p);
+      double lat = modelLatency(tu, collective, a, p, 1.0);
+      double latNoNet = modelLatency(tu, collective, a, p, 0.0);
       if (a == kAlgoRing && p == kSimple && collective == Collective::AllReduce && tu.nNodes > 1 &&
           bytes / (static_cast<double>(tu.commChannels) * tu.nRanks) >= kRingPlateauBytes) {
-        lat *= archIndex(tu.arch) >= 1 ? kRingPlateauSm80 : kRingPlateauOlder;
+        const double plateau = archIndex(tu.arch) >= 1 ? kRingPlateauSm80 : kRingPlateauOlder;
+        lat *= plateau;
+        latNoNet *= plateau;
       }
+      pr.netLatency[a][p] = lat - latNoNet;
       const double t = lat + bytes / (1000.0 * bw);
       pr.latency[a][p] = lat;
       pr.bandwidth[a][p] = bw;

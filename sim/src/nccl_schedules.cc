@@ -369,13 +369,21 @@ core::Result<Schedule> ncclScheduleFor(const core::Topology& t, Collective c, co
 SimParams ncclSimParams(const NcclPrediction& p, double launchUs) {
   SimParams s;
   s.launchUs = launchUs;
+  return ncclSimParams(p, s);
+}
+
+SimParams ncclSimParams(const NcclPrediction& p, const SimParams& base) {
+  SimParams s = base;
+  s.protocol.reset();
   s.netOverheadUs = p.tuning.cpu == NcclCpu::Amd ? 2.0 : 1.0;
   if (p.ok() && p.algorithm == core::Algorithm::Ring && p.channels > 0) {
     const double factor = core::busBandwidthFactor(p.collective, p.nRanks);
     const int ring = static_cast<int>(core::Algorithm::Ring);
+    const std::size_t cls = p.tuning.nNodes > 1 ? 2 : 0;
+    const double ratio = base.linkEfficiency[cls] / SimParams{}.linkEfficiency[cls];
     for (core::Protocol q : {core::Protocol::LL, core::Protocol::LL128}) {
       const double bw = p.bandwidth[ring][static_cast<int>(q)];
-      if (bw > 0) s.flowCapGBps[protocolIndex(q)] = bw * factor / p.channels;
+      if (bw > 0) s.flowCapGBps[protocolIndex(q)] = bw * factor / p.channels * ratio;
     }
   }
   return s;

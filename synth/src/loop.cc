@@ -55,7 +55,7 @@ void baselines(const core::Topology& topo, const SynthConfig& cfg, Evaluator& ev
   auto timeOf = [&](const sim::NcclPrediction& p, double beat) -> double {
     auto s = sim::ncclScheduleFor(topo, cfg.collective, p, base);
     if (!s) return 0;
-    const sim::SimParams params = sim::ncclSimParams(p, cfg.params.launchUs);
+    const sim::SimParams params = sim::ncclSimParams(p, cfg.params);
     if (beat > 0 && ev.boundNccl(*s, sb.sizeBytes, params) >= beat) return 0;
     if (beat > 0 && core::totalSteps(*s) > kMaxSweepSteps) {
       ++skipped;

@@ -107,11 +107,12 @@ struct NcclPrediction {
   int graphChannels = 0;  // the chosen algorithm's graph channels, which the bandwidth model uses
   double latencyUs = -1;  // of the chosen entry
   double timeUs = -1;
-  double algbwGBps = -1;  // sizeBytes / time
-  double busbwGBps = -1;  // algbw x nccl-tests factor
-  NcclTable latency{};    // per algo/proto, -1 where unusable
-  NcclTable bandwidth{};  // algbw per algo/proto (tree correction applied), -1 where unusable
-  NcclTable time{};       // -1 where unusable
+  double algbwGBps = -1;   // sizeBytes / time
+  double busbwGBps = -1;   // algbw x nccl-tests factor
+  NcclTable latency{};     // per algo/proto, -1 where unusable
+  NcclTable bandwidth{};   // algbw per algo/proto (tree correction applied), -1 where unusable
+  NcclTable time{};        // -1 where unusable
+  NcclTable netLatency{};  // the part of `latency` the network hops contribute (0 on one node), -1 where unusable
   NcclTuning tuning;
 
   bool ok() const { return error.empty(); }

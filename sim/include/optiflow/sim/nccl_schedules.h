@@ -71,5 +71,9 @@ core::Result<core::Schedule> ncclScheduleFor(const core::Topology& topo, core::C
 //   the protocol divided by the runtime channels (every channel has one flow per rank on the rank's port);
 // - the launch mode of the measurement being reproduced (kLaunchUsCudaGraph or kLaunchUsHost).
 SimParams ncclSimParams(const NcclPrediction& prediction, double launchUs = kLaunchUsCudaGraph);
+// The same on top of `base` (a calibrated SimParams, calibration.h): its launch, latencies and link efficiencies are
+// kept, a forced protocol is dropped (NCCL runs its own), and the protocol caps scale with the link efficiency of the
+// class that carries them (the network on several nodes, NVLink on one).
+SimParams ncclSimParams(const NcclPrediction& prediction, const SimParams& base);
 
 }  // namespace optiflow::sim

@@ -1,0 +1,483 @@
+#include "optiflow/calib/fit.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "optiflow/core/units.h"
+#include "optiflow/sim/nccl_schedules.h"
+#include "optiflow/sim/network.h"
+#include "optiflow/sim/simulator.h"
+
+namespace optiflow::calib {
+
+namespace {
+
+sim::NcclModelOptions modelOptions(int ncclVersion) {
+  sim::NcclModelOptions o;
+  if (ncclVersion > 0) o.ncclVersion = ncclVersion;
+  return o;
+}
+
+std::string choiceOf(const sim::NcclPrediction& p) {
+  return fmt::format("{}/{}/{}", core::toString(p.algorithm), core::toString(p.protocol), p.channels);
+}
+
+// NCCL's choice for every observation with its schedule, and both models' times of it under a calibration.
+class Predictor {
+ public:
+  Predictor(const Observations& obs, const core::Topology& topo) : obs_(obs) {
+    auto net = sim::Network::build(topo);
+    if (net) net_.emplace(std::move(*net));
+    std::map<int, sim::NcclTuning> tunings;
+    for (const Observation& o : obs.rows) {
+      auto t = tunings.find(o.ncclVersion);
+      if (t == tunings.end())
+        t = tunings.emplace(o.ncclVersion, sim::ncclTune(topo, modelOptions(o.ncclVersion))).first;
+      Item item;
+      item.prediction = sim::ncclPredict(t->second, o.collective, o.sizeBytes, modelOptions(o.ncclVersion));
+      if (item.prediction.ok() && net_) {
+        auto s = sim::ncclScheduleFor(topo, o.collective, item.prediction);
+        if (s) item.schedule.emplace(std::move(*s));
+      }
+      items_.push_back(std::move(item));
+    }
+  }
+
+  std::size_t size() const { return items_.size(); }
+  const sim::NcclPrediction& prediction(std::size_t i) const { return items_[i].prediction; }
+  bool simulatable(std::size_t i) const { return items_[i].schedule.has_value(); }
+
+  // Both exclude the launch overhead, which is additive in both models (rest + launchUs(c, mode)).
+  double modelRest(std::size_t i, sim::ModelCalibration c) const {
+    c.launchGraphUs = 0;
+    c.launchHostUs = 0;
+    return sim::calibratedNcclTimeUs(items_[i].prediction, c, obs_.rows[i].launch);
+  }
+  double simulatorRest(std::size_t i, const sim::ModelCalibration& c) const {
+    if (!items_[i].schedule) return -1;
+    const Observation& o = obs_.rows[i];
+    sim::SimParams params = sim::ncclSimParams(items_[i].prediction, sim::calibratedSimParams(c, o.launch));
+    params.launchUs = 0;
+    params.protocol = items_[i].prediction.protocol;
+    const sim::SimResult r = sim::simulate(*items_[i].schedule, *net_, o.sizeBytes, params);
+    return r.ok ? r.timeUs : -1;
+  }
+
+ private:
+  struct Item {
+    sim::NcclPrediction prediction;
+    std::optional<core::Schedule> schedule;
+  };
+  const Observations& obs_;
+  std::optional<sim::Network> net_;
+  std::vector<Item> items_;
+};
+
+// ---- Levenberg-Marquardt on ln(predicted / measured) ----
+
+enum Param : std::size_t {
+  kLaunchGraph,
+  kLaunchHost,
+  kLatSimple,
+  kLatLL,
+  kLatLL128,
+  kNetHop,
+  kNvLinkBw,
+  kNetBw,
+  kNumParams
+};
+
+constexpr std::array<std::string_view, kNumParams> kParamKeys = {
+    "launch_graph_us",     "launch_host_us",        "latency_scale.Simple",   "latency_scale.LL",
+    "latency_scale.LL128", "net_hop_latency_scale", "nvlink_bandwidth_scale", "net_bandwidth_scale"};
+
+bool isLaunch(std::size_t k) { return k == kLaunchGraph || k == kLaunchHost; }
+
+// The prior's width: a factor of e^3 = 20 on a scale, 30 us on a launch. Wide enough that any row outweighs it; it
+// only holds the directions no row constrains (and launch against base latency, which small sizes see together).
+constexpr double kPriorLnSigma = 3.0;
+constexpr double kPriorLaunchSigmaUs = 30.0;
+
+using Vector = std::array<double, kNumParams>;
+
+Vector defaults() {
+  Vector x{};
+  x[kLaunchGraph] = sim::kLaunchUsCudaGraph;
+  x[kLaunchHost] = sim::kLaunchUsHost;
+  return x;  // the scales are ln 1 = 0
+}
+
+Vector lowerLimits() {
+  Vector lo;
+  lo.fill(std::log(sim::kMinCalibrationScale));
+  lo[kLaunchGraph] = lo[kLaunchHost] = 0;
+  return lo;
+}
+
+// A bandwidth factor may not take a link past its raw bandwidth (the simulator's efficiency 0.8 of NVLink, 0.96 of
+// a NIC): then the lower bound stays a bound for both models.
+Vector upperLimits() {
+  Vector hi;
+  hi.fill(std::log(sim::kMaxCalibrationScale));
+  hi[kLaunchGraph] = hi[kLaunchHost] = sim::kMaxCalibrationLaunchUs;
+  const sim::SimParams d;
+  hi[kNvLinkBw] = std::log(1.0 / d.linkEfficiency[0]);
+  hi[kNetBw] = std::log(1.0 / d.linkEfficiency[2]);
+  return hi;
+}
+
+sim::ModelCalibration toCalibration(const Vector& x, const std::array<bool, kNumParams>& active) {
+  sim::ModelCalibration c;
+  if (active[kLaunchGraph]) c.launchGraphUs = x[kLaunchGraph];
+  if (active[kLaunchHost]) c.launchHostUs = x[kLaunchHost];
+  for (std::size_t p = 0; p < 3; ++p) c.latencyScale[p] = std::exp(x[kLatSimple + p]);
+  c.netHopLatencyScale = std::exp(x[kNetHop]);
+  c.nvlinkBandwidthScale = std::exp(x[kNvLinkBw]);
+  c.netBandwidthScale = std::exp(x[kNetBw]);
+  return c;
+}
+
+// Solves a x = b for a small symmetric positive (semi)definite a by Gaussian elimination with partial pivoting;
+// false when singular.
+template <std::size_t N>
+bool solve(std::array<std::array<double, N>, N> a, std::array<double, N> b, std::size_t n, std::array<double, N>& x) {
+  for (std::size_t c = 0; c < n; ++c) {
+    std::size_t pivot = c;
+    for (std::size_t r = c + 1; r < n; ++r) {
+      if (std::abs(a[r][c]) > std::abs(a[pivot][c])) pivot = r;
+    }
+    if (std::abs(a[pivot][c]) < 1e-300) return false;
+    std::swap(a[c], a[pivot]);
+    std::swap(b[c], b[pivot]);
+    for (std::size_t r = c + 1; r < n; ++r) {
+      const double f = a[r][c] / a[c][c];
+      for (std::size_t k = c; k < n; ++k) a[r][k] -= f * a[c][k];
+      b[r] -= f * b[c];
+    }
+  }
+  for (std::size_t c = n; c-- > 0;) {
+    double s = b[c];
+    for (std::size_t k = c + 1; k < n; ++k) s -= a[c][k] * x[k];
+    x[c] = s / a[c][c];
+  }
+  return true;
+}
+
+// Fits one model: `rest(i, c)` is its time of observation i without the launch (-1: no prediction, row left out).
+template <typename Rest>
+ModelFit fitModel(const Observations& obs, Rest rest, int maxIterations) {
+  const std::size_t n = obs.rows.size();
+  std::vector<bool> used(n, false);
+  std::array<bool, kNumParams> active{};
+  Vector x = defaults();
+  const Vector x0 = x;
+  const Vector lo = lowerLimits();
+  const Vector hi = upperLimits();
+
+  std::vector<double> restAt(n, -1.0);
+  auto evaluate = [&](const Vector& v, std::vector<double>& out) {
+    const sim::ModelCalibration c = toCalibration(v, {});
+    for (std::size_t i = 0; i < n; ++i) out[i] = rest(i, c);
+  };
+  auto launchOf = [&](const Vector& v, std::size_t i) {
+    return obs.rows[i].launch == sim::LaunchMode::Graph ? v[kLaunchGraph] : v[kLaunchHost];
+  };
+  evaluate(x, restAt);
+  for (std::size_t i = 0; i < n; ++i) {
+    used[i] = restAt[i] >= 0 && obs.rows[i].measuredUs > 0;
+    if (!used[i]) continue;
+    active[obs.rows[i].launch == sim::LaunchMode::Graph ? kLaunchGraph : kLaunchHost] = true;
+  }
+  auto residuals = [&](const Vector& v, const std::vector<double>& r, std::vector<double>& out) {
+    out.clear();
+    for (std::size_t i = 0; i < n; ++i) {
+      if (used[i]) out.push_back(std::log(std::max(1e-9, launchOf(v, i) + r[i]) / obs.rows[i].measuredUs));
+    }
+    for (std::size_t k = 0; k < kNumParams; ++k) {
+      if (active[k]) out.push_back((v[k] - x0[k]) / (isLaunch(k) ? kPriorLaunchSigmaUs : kPriorLnSigma));
+    }
+  };
+  auto cost = [](const std::vector<double>& r) {
+    double s = 0;
+    for (double e : r) s += e * e;
+    return s;
+  };
+
+  // A scale no row depends on (a protocol NCCL never chose, the network on one node) is not fitted.
+  constexpr double kStep = 0.01;
+  std::vector<double> probe(n);
+  std::array<std::vector<double>, kNumParams> column;  // d rest / d x_k per row
+  auto jacobian = [&](const Vector& v) {
+    for (std::size_t k = 0; k < kNumParams; ++k) {
+      if (isLaunch(k)) continue;
+      if (!active[k] && !column[k].empty()) continue;
+      Vector w = v;
+      const double h = v[k] + kStep <= hi[k] ? kStep : -kStep;
+      w[k] += h;
+      evaluate(w, probe);
+      column[k].assign(n, 0.0);
+      for (std::size_t i = 0; i < n; ++i) {
+        if (used[i] && probe[i] >= 0) column[k][i] = (probe[i] - restAt[i]) / h;
+      }
+    }
+  };
+  jacobian(x);
+  for (std::size_t k = 0; k < kNumParams; ++k) {
+    if (isLaunch(k)) continue;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (used[i] && std::abs(column[k][i]) > 1e-9 * std::max(1.0, restAt[i])) active[k] = true;
+    }
+  }
+  std::vector<std::size_t> index;  // active parameter k at position j
+  for (std::size_t k = 0; k < kNumParams; ++k) {
+    if (active[k]) index.push_back(k);
+  }
+
+  std::vector<double> r;
+  residuals(x, restAt, r);
+  double c = cost(r);
+  double lambda = 1e-2;
+  std::vector<double> trialRest(n);
+  std::vector<double> trialR;
+  for (int it = 0; it < maxIterations && !index.empty(); ++it) {
+    if (it > 0) jacobian(x);
+    // Normal equations over the rows used, then the priors.
+    const std::size_t m = index.size();
+    std::array<std::array<double, kNumParams>, kNumParams> a{};
+    std::array<double, kNumParams> g{};
+    std::size_t row = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!used[i]) continue;
+      const double pred = launchOf(x, i) + restAt[i];
+      std::array<double, kNumParams> jr{};
+      for (std::size_t j = 0; j < m; ++j) {
+        const std::size_t k = index[j];
+        double d = 0;
+        if (isLaunch(k)) {
+          d = (k == kLaunchGraph) == (obs.rows[i].launch == sim::LaunchMode::Graph) ? 1.0 : 0.0;
+        } else {
+          d = column[k][i];
+        }
+        jr[j] = d / std::max(1e-9, pred);  // d ln(pred)
+      }
+      for (std::size_t p = 0; p < m; ++p) {
+        g[p] += jr[p] * r[row];
+        for (std::size_t q = 0; q < m; ++q) a[p][q] += jr[p] * jr[q];
+      }
+      ++row;
+    }
+    for (std::size_t j = 0; j < m; ++j) {
+      const std::size_t k = index[j];
+      const double w = 1.0 / (isLaunch(k) ? kPriorLaunchSigmaUs : kPriorLnSigma);
+      a[j][j] += w * w;
+      g[j] += w * r[row++];
+    }
+    bool improved = false;
+    while (lambda < 1e10) {
+      auto damped = a;
+      for (std::size_t j = 0; j < m; ++j) damped[j][j] += lambda * a[j][j] + 1e-12;
+      std::array<double, kNumParams> rhs{};
+      for (std::size_t j = 0; j < m; ++j) rhs[j] = -g[j];
+      std::array<double, kNumParams> step{};
+      if (!solve(damped, rhs, m, step)) break;
+      Vector trial = x;
+      for (std::size_t j = 0; j < m; ++j) {
+        const std::size_t k = index[j];
+        trial[k] = std::clamp(x[k] + step[j], lo[k], hi[k]);
+      }
+      evaluate(trial, trialRest);
+      bool valid = true;
+      for (std::size_t i = 0; i < n; ++i) valid = valid && (!used[i] || trialRest[i] >= 0);
+      if (valid) {
+        residuals(trial, trialRest, trialR);
+        const double tc = cost(trialR);
+        if (tc < c) {
+          const double gain = (c - tc) / std::max(c, 1e-300);
+          x = trial;
+          restAt = trialRest;
+          r = trialR;
+          c = tc;
+          lambda = std::max(1e-7, lambda / 3);
+          improved = gain > 1e-9;
+          break;
+        }
+      }
+      lambda *= 4;
+    }
+    if (!improved) break;
+  }
+
+  ModelFit fit;
+  fit.params = toCalibration(x, active);
+  for (std::size_t k : index) fit.fitted.emplace_back(kParamKeys[k]);
+  return fit;
+}
+
+double errorPct(double predicted, double measured) { return 100.0 * std::abs(predicted - measured) / measured; }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return -1;
+  std::sort(v.begin(), v.end());
+  const std::size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
+}  // namespace
+
+core::Result<Observations> observationsFrom(const std::vector<NcclTestsLog>& logs, const core::Topology& topo,
+                                            const FitOptions& options) {
+  Observations out;
+  for (const NcclTestsLog& log : logs) {
+    for (const LogRun& run : log.runs) {
+      const std::string where = fmt::format("{}:{}", log.file, run.line);
+      if (!run.collective) {
+        out.notes.push_back(fmt::format("{}: {}: no collective OptiFlow models; run left out", where,
+                                        run.program.empty() ? "the run" : run.program));
+        continue;
+      }
+      if (options.collective && *options.collective != *run.collective) {
+        out.notes.push_back(fmt::format("{}: a {} run; --coll {} leaves it out", where, core::toString(*run.collective),
+                                        core::toString(*options.collective)));
+        continue;
+      }
+      if (run.ranks == 0) {
+        return core::Diagnostic{
+            log.file, run.line, 0,
+            fmt::format("the run lists no \"#  Rank\" lines, so its rank count is unknown; expected "
+                        "{} ranks on {} nodes ({})",
+                        topo.nRanks(), topo.nodes, topo.name)};
+      }
+      if (run.ranks != topo.nRanks() || run.nodes != topo.nodes) {
+        return core::Diagnostic{log.file, run.line, 0,
+                                fmt::format("the log ran on {} ranks on {} node(s); topology {} has {} ranks on {} "
+                                            "node(s): give --topo the cluster the log was measured on",
+                                            run.ranks, run.nodes, topo.name, topo.nRanks(), topo.nodes)};
+      }
+      CalibrationSource src;
+      src.file = log.file;
+      src.collective = std::string(core::toString(*run.collective));
+      src.ranks = run.ranks;
+      src.nodes = run.nodes;
+      src.incompleteRows = run.incompleteRows;
+      src.launch = run.graph > 0 ? "graph" : "host";
+      src.ncclVersion = run.ncclVersion;
+      for (const auto& n : run.notes) out.notes.push_back(n);
+      for (const LogRow& row : run.rows) {
+        if (row.wrong()) {
+          out.notes.push_back(fmt::format("{}:{}: {} wrong elements: row left out", log.file, row.line,
+                                          std::max(row.outOfPlaceWrong, row.inPlaceWrong)));
+          continue;
+        }
+        if (row.sizeBytes == 0 || !(row.timeUs() > 0)) continue;  // nccl-tests prints size 0 rows; nothing to time
+        Observation o;
+        o.file = log.file;
+        o.line = row.line;
+        o.collective = *run.collective;
+        o.sizeBytes = row.sizeBytes;
+        o.measuredUs = row.timeUs();
+        o.launch = run.graph > 0 ? sim::LaunchMode::Graph : sim::LaunchMode::Host;
+        o.ncclVersion = run.ncclVersion;
+        out.rows.push_back(std::move(o));
+        ++src.rows;
+      }
+      out.sources.push_back(std::move(src));
+    }
+  }
+  if (out.rows.empty()) {
+    return core::Diagnostic{logs.empty() ? std::string() : logs.front().file, 0, 0,
+                            "no row to calibrate on: expected at least one measured size of a collective"};
+  }
+  return out;
+}
+
+std::vector<Residual> predict(const Observations& obs, const core::Topology& topo, const sim::ModelCalibration& simCal,
+                              const sim::ModelCalibration& modelCal) {
+  const Predictor p(obs, topo);
+  const sim::ModelCalibration identity;
+  std::vector<Residual> out;
+  for (std::size_t i = 0; i < obs.rows.size(); ++i) {
+    const Observation& o = obs.rows[i];
+    Residual r;
+    r.file = o.file;
+    r.line = o.line;
+    r.collective = std::string(core::toString(o.collective));
+    r.sizeBytes = o.sizeBytes;
+    r.measuredUs = o.measuredUs;
+    const sim::NcclPrediction& pred = p.prediction(i);
+    r.choice = pred.ok() ? choiceOf(pred) : "n/a";
+    auto total = [&](double rest, const sim::ModelCalibration& c) {
+      return rest < 0 ? -1.0 : rest + sim::launchUs(c, o.launch);
+    };
+    r.ncclModelBeforeUs = total(p.modelRest(i, identity), identity);
+    r.ncclModelUs = total(p.modelRest(i, modelCal), modelCal);
+    r.simulatorBeforeUs = total(p.simulatorRest(i, identity), identity);
+    r.simulatorUs = total(p.simulatorRest(i, simCal), simCal);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+ErrorSummary summarize(const std::vector<Residual>& rows, Model which, std::uint64_t minSize) {
+  std::vector<double> errors;
+  for (const Residual& r : rows) {
+    if (r.sizeBytes < minSize || r.measuredUs <= 0) continue;
+    double v = -1;
+    switch (which) {
+      case Model::SimulatorBefore:
+        v = r.simulatorBeforeUs;
+        break;
+      case Model::Simulator:
+        v = r.simulatorUs;
+        break;
+      case Model::NcclModelBefore:
+        v = r.ncclModelBeforeUs;
+        break;
+      case Model::NcclModel:
+        v = r.ncclModelUs;
+        break;
+    }
+    if (v >= 0) errors.push_back(errorPct(v, r.measuredUs));
+  }
+  ErrorSummary s;
+  s.rows = static_cast<int>(errors.size());
+  if (!errors.empty()) {
+    s.medianPct = median(errors);
+    s.maxPct = *std::max_element(errors.begin(), errors.end());
+  }
+  return s;
+}
+
+Calibration fitCalibration(const Observations& obs, const core::Topology& topo, const FitOptions& options) {
+  const Predictor p(obs, topo);
+  Calibration cal;
+  cal.gpu = topo.gpuType;
+  cal.gpusPerNode = topo.gpusPerNode;
+  cal.nicsPerNode = static_cast<int>(topo.nics.size());
+  cal.nicGBps = topo.nics.empty() ? 0.0 : topo.nics.front().bandwidthGBps;
+  cal.fittedOn = topo.name;
+  cal.sources = obs.sources;
+  cal.simulator = fitModel(
+      obs, [&](std::size_t i, const sim::ModelCalibration& c) { return p.simulatorRest(i, c); }, options.maxIterations);
+  cal.ncclModel = fitModel(
+      obs, [&](std::size_t i, const sim::ModelCalibration& c) { return p.modelRest(i, c); }, options.maxIterations);
+  cal.residuals = predict(obs, topo, cal.simulator.params, cal.ncclModel.params);
+  auto fill = [&](ModelFit& f, Model before, Model after) {
+    const ErrorSummary b = summarize(cal.residuals, before);
+    const ErrorSummary a = summarize(cal.residuals, after);
+    f.medianErrorPctBefore = std::max(0.0, b.medianPct);
+    f.medianErrorPct = std::max(0.0, a.medianPct);
+    f.maxErrorPct = std::max(0.0, a.maxPct);
+    return a;
+  };
+  const ErrorSummary s = fill(cal.simulator, Model::SimulatorBefore, Model::Simulator);
+  const ErrorSummary m = fill(cal.ncclModel, Model::NcclModelBefore, Model::NcclModel);
+  // The simulator only where it timed every row the model did; else the model, which has them all.
+  cal.believe = s.rows == m.rows && s.medianPct >= 0 && s.medianPct <= m.medianPct ? "simulator" : "nccl-model";
+  return cal;
+}
+
+}  // namespace optiflow::calib

@@ -1,0 +1,225 @@
+// `optiflow calibrate`, and --calibration CAL.toml of every command that takes --topo.
+#include <fstream>
+#include <iostream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "optiflow/calib/calibration_file.h"
+#include "optiflow/calib/fit.h"
+#include "optiflow/calib/nccl_tests_log.h"
+#include "optiflow/core/topology.h"
+#include "optiflow/core/units.h"
+#include "optiflow/sim/bounds.h"
+
+namespace optiflow::cli {
+
+namespace {
+
+// Two predictions further apart than this are reported as a disagreement.
+constexpr double kDisagreement = 0.10;
+
+std::string keyValues(const calib::ModelFit& f) {
+  const auto& p = f.params;
+  std::string s;
+  auto add = [&](std::string_view key, double v) {
+    const bool fitted = std::find(f.fitted.begin(), f.fitted.end(), key) != f.fitted.end();
+    if (fitted) s += fmt::format("{}{}={:.3g}", s.empty() ? "" : " ", key, v);
+  };
+  if (p.launchGraphUs) add("launch_graph_us", *p.launchGraphUs);
+  if (p.launchHostUs) add("launch_host_us", *p.launchHostUs);
+  add("latency_scale.Simple", p.latencyScale[0]);
+  add("latency_scale.LL", p.latencyScale[1]);
+  add("latency_scale.LL128", p.latencyScale[2]);
+  add("net_hop_latency_scale", p.netHopLatencyScale);
+  add("nvlink_bandwidth_scale", p.nvlinkBandwidthScale);
+  add("net_bandwidth_scale", p.netBandwidthScale);
+  return s.empty() ? "(nothing fitted)" : s;
+}
+
+std::string cell(double us) { return us < 0 ? "-" : fmt::format("{:.2f}", us); }
+
+nlohmann::json fitJson(const calib::ModelFit& f, const calib::ErrorSummary& before, const calib::ErrorSummary& after) {
+  nlohmann::json params;
+  const auto& p = f.params;
+  if (p.launchGraphUs) params["launch_graph_us"] = *p.launchGraphUs;
+  if (p.launchHostUs) params["launch_host_us"] = *p.launchHostUs;
+  params["latency_scale"] = {{"Simple", p.latencyScale[0]}, {"LL", p.latencyScale[1]}, {"LL128", p.latencyScale[2]}};
+  params["net_hop_latency_scale"] = p.netHopLatencyScale;
+  params["nvlink_bandwidth_scale"] = p.nvlinkBandwidthScale;
+  params["net_bandwidth_scale"] = p.netBandwidthScale;
+  return {{"params", params},
+          {"fitted", f.fitted},
+          {"rows", after.rows},
+          {"median_error_pct_before", before.medianPct},
+          {"median_error_pct", after.medianPct},
+          {"max_error_pct", after.maxPct}};
+}
+
+}  // namespace
+
+std::optional<std::optional<calib::Calibration>> calibrationArg(const std::string& path, const core::Topology& topo) {
+  if (path.empty()) return std::optional<calib::Calibration>{};
+  auto c = calib::loadCalibrationFor(path, topo);
+  if (!c) {
+    fmt::print(stderr, "optiflow: --calibration: {}\n", c.error().str());
+    return std::nullopt;
+  }
+  return std::optional<calib::Calibration>{std::move(c).value()};
+}
+
+sim::SimParams simParamsFor(const std::optional<calib::Calibration>& cal, const std::string& launch) {
+  const sim::LaunchMode mode = launch == "host" ? sim::LaunchMode::Host : sim::LaunchMode::Graph;
+  return sim::calibratedSimParams(cal ? cal->simulator.params : sim::ModelCalibration{}, mode);
+}
+
+int runCalibrate(const CalibrateArgs& a) {
+  auto topo = core::loadTopology(a.topology);
+  if (!topo) {
+    fmt::print(stderr, "optiflow: {}\n", topo.error().str());
+    return kExitBadInput;
+  }
+  calib::FitOptions options;
+  if (!a.collective.empty()) {
+    auto c = core::parseCollective(a.collective);
+    if (!c || *c == core::Collective::Custom) {
+      fmt::print(stderr, "optiflow: --coll: unknown collective '{}'\n", a.collective);
+      return kExitBadInput;
+    }
+    options.collective = *c;
+  }
+  if (!a.calibration.empty() && !a.output.empty()) {
+    fmt::print(stderr,
+               "optiflow: --calibration checks an existing calibration against the logs; it writes none (-o)\n");
+    return kExitBadInput;
+  }
+  std::optional<calib::Calibration> given;
+  if (!a.calibration.empty()) {
+    auto c = calibrationArg(a.calibration, *topo);
+    if (!c) return kExitBadInput;
+    given = std::move(*c);
+  }
+  std::vector<calib::NcclTestsLog> logs;
+  for (const std::string& file : a.logs) {
+    auto log = calib::readNcclTestsLog(file);
+    if (!log) {
+      fmt::print(stderr, "optiflow: {}\n", log.error().str());
+      return kExitBadInput;
+    }
+    logs.push_back(std::move(log).value());
+  }
+  auto obs = calib::observationsFrom(logs, *topo, options);
+  if (!obs) {
+    fmt::print(stderr, "optiflow: {}\n", obs.error().str());
+    return kExitBadInput;
+  }
+  calib::Calibration cal;
+  if (given) {
+    cal = *given;
+    cal.residuals = calib::predict(*obs, *topo, cal.simulator.params, cal.ncclModel.params);
+  } else {
+    cal = calib::fitCalibration(*obs, *topo, options);
+    cal.writtenBy = fmt::format("optiflow {} calibrate", OPTIFLOW_VERSION);
+  }
+  const auto simBefore = calib::summarize(cal.residuals, calib::Model::SimulatorBefore);
+  const auto simAfter = calib::summarize(cal.residuals, calib::Model::Simulator);
+  const auto modelBefore = calib::summarize(cal.residuals, calib::Model::NcclModelBefore);
+  const auto modelAfter = calib::summarize(cal.residuals, calib::Model::NcclModel);
+  const sim::BoundModel bounds(*topo);
+  int disagree = 0;
+  for (const auto& r : cal.residuals) {
+    if (r.simulatorUs > 0 && r.ncclModelUs > 0 &&
+        std::abs(r.simulatorUs - r.ncclModelUs) > kDisagreement * std::min(r.simulatorUs, r.ncclModelUs)) {
+      ++disagree;
+    }
+  }
+  int incomplete = 0;
+  for (const auto& s : obs->sources) incomplete += s.incompleteRows;
+
+  if (a.json) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& r : cal.residuals) {
+      const auto coll = core::parseCollective(r.collective);
+      rows.push_back({{"file", r.file},
+                      {"line", r.line},
+                      {"collective", r.collective},
+                      {"size_bytes", r.sizeBytes},
+                      {"choice", r.choice},
+                      {"measured_us", r.measuredUs},
+                      {"simulator_before_us", r.simulatorBeforeUs},
+                      {"simulator_us", r.simulatorUs},
+                      {"nccl_model_before_us", r.ncclModelBeforeUs},
+                      {"nccl_model_us", r.ncclModelUs},
+                      {"bound_us", coll ? bounds.bound(*coll, r.sizeBytes).timeUs : -1.0}});
+    }
+    nlohmann::json sources = nlohmann::json::array();
+    for (const auto& s : obs->sources) {
+      sources.push_back({{"file", s.file},
+                         {"collective", s.collective},
+                         {"ranks", s.ranks},
+                         {"nodes", s.nodes},
+                         {"rows", s.rows},
+                         {"incomplete_rows", s.incompleteRows},
+                         {"launch", s.launch},
+                         {"nccl_version", s.ncclVersion}});
+    }
+    const nlohmann::json out = {{"topology", topo->name},
+                                {"ranks", topo->nRanks()},
+                                {"calibration", given ? a.calibration : a.output},
+                                {"fitted", !given},
+                                {"sources", sources},
+                                {"notes", obs->notes},
+                                {"simulator", fitJson(cal.simulator, simBefore, simAfter)},
+                                {"nccl_model", fitJson(cal.ncclModel, modelBefore, modelAfter)},
+                                {"believe", cal.believe},
+                                {"disagreements", disagree},
+                                {"rows", rows}};
+    std::cout << out.dump(2) << '\n';
+  } else {
+    fmt::print("{} both models of NCCL's own choice on {} ({} GPUs) against {} row(s) of {} log(s){}\n",
+               given ? "Checked the calibration " + a.calibration + " of" : "Calibrated", topo->name, topo->nRanks(),
+               obs->rows.size(), logs.size(),
+               incomplete ? fmt::format("; {} row(s) cut off or unreadable, left out", incomplete) : "");
+    fmt::print("{:>10} {:>13} {:>15} {:>11} {:>11} {:>11} {:>11} {:>11} {:>10}\n", "size", "collective", "choice",
+               "measured_us", "sim_before", "sim_after", "model_befor", "model_after", "bound_us");
+    for (const auto& r : cal.residuals) {
+      const auto coll = core::parseCollective(r.collective);
+      fmt::print("{:>10} {:>13} {:>15} {:>11.2f} {:>11} {:>11} {:>11} {:>11} {:>10}\n", core::formatSize(r.sizeBytes),
+                 r.collective, r.choice, r.measuredUs, cell(r.simulatorBeforeUs), cell(r.simulatorUs),
+                 cell(r.ncclModelBeforeUs), cell(r.ncclModelUs),
+                 coll ? cell(bounds.bound(*coll, r.sizeBytes).timeUs) : "-");
+    }
+    auto line = [](std::string_view name, const calib::ErrorSummary& b, const calib::ErrorSummary& s) {
+      if (s.rows == 0) return fmt::format("{:<11} no row it can time\n", name);
+      return fmt::format("{:<11} median error {:.1f}% -> {:.1f}% (max {:.1f}%) over {} rows\n", name, b.medianPct,
+                         s.medianPct, s.maxPct, s.rows);
+    };
+    fmt::print("\n{}", line("simulator:", simBefore, simAfter));
+    if (!given) fmt::print("            fitted {}\n", keyValues(cal.simulator));
+    fmt::print("{}", line("NCCL model:", modelBefore, modelAfter));
+    if (!given) fmt::print("            fitted {}\n", keyValues(cal.ncclModel));
+    if (simAfter.rows < modelAfter.rows) {
+      fmt::print("The simulator cannot time {} row(s): NCCL's choice there (NVLS, PAT, CollNet) has no schedule.\n",
+                 modelAfter.rows - simAfter.rows);
+    }
+    fmt::print(
+        "The two models disagree by more than {:.0f}% at {} of {} size(s); reports believe the {} (lower "
+        "median error on these rows).\n",
+        100 * kDisagreement, disagree, cal.residuals.size(), cal.believe == "simulator" ? "simulator" : "NCCL model");
+    for (const auto& n : obs->notes) fmt::print("note: {}\n", n);
+  }
+  if (!a.output.empty()) {
+    std::ofstream f(a.output, std::ios::binary | std::ios::trunc);
+    f << calib::formatCalibration(cal);
+    f.close();
+    if (!f) {
+      fmt::print(stderr, "optiflow: cannot write {}\n", a.output);
+      return kExitFailed;
+    }
+    if (!a.json) fmt::print("wrote {}\n", a.output);
+  }
+  return kExitOk;
+}
+
+}  // namespace optiflow::cli
