@@ -32,6 +32,9 @@ std::string keyValues(const calib::ModelFit& f) {
   add("latency_scale.Simple", p.latencyScale[0]);
   add("latency_scale.LL", p.latencyScale[1]);
   add("latency_scale.LL128", p.latencyScale[2]);
+  add("bandwidth_scale.Simple", p.bandwidthScale[0]);
+  add("bandwidth_scale.LL", p.bandwidthScale[1]);
+  add("bandwidth_scale.LL128", p.bandwidthScale[2]);
   add("net_hop_latency_scale", p.netHopLatencyScale);
   add("nvlink_bandwidth_scale", p.nvlinkBandwidthScale);
   add("net_bandwidth_scale", p.netBandwidthScale);
@@ -46,6 +49,8 @@ nlohmann::json fitJson(const calib::ModelFit& f, const calib::ErrorSummary& befo
   if (p.launchGraphUs) params["launch_graph_us"] = *p.launchGraphUs;
   if (p.launchHostUs) params["launch_host_us"] = *p.launchHostUs;
   params["latency_scale"] = {{"Simple", p.latencyScale[0]}, {"LL", p.latencyScale[1]}, {"LL128", p.latencyScale[2]}};
+  params["bandwidth_scale"] = {
+      {"Simple", p.bandwidthScale[0]}, {"LL", p.bandwidthScale[1]}, {"LL128", p.bandwidthScale[2]}};
   params["net_hop_latency_scale"] = p.netHopLatencyScale;
   params["nvlink_bandwidth_scale"] = p.nvlinkBandwidthScale;
   params["net_bandwidth_scale"] = p.netBandwidthScale;

@@ -31,12 +31,13 @@ class Table {
       : file_(std::move(file)), t_(t), label_(std::move(label)) {}
 
   const std::string& file() const { return file_; }
+  const std::string& label() const { return label_; }
 
   [[noreturn]] void fail(const toml::source_region& at, const std::string& msg) const {
     throw Bad{core::Diagnostic{file_, static_cast<int>(at.begin.line), static_cast<int>(at.begin.column), msg}};
   }
   std::string name(std::string_view key) const {
-    return label_.empty() ? std::string(key) : label_ + "." + std::string(key);
+    return label_.empty() ? std::string(key) : fmt::format("[{}] {}", label_, key);
   }
 
   const toml::node* find(std::string_view key) {
@@ -110,15 +111,16 @@ void eachTable(Table& parent, std::string_view key, F read) {
   for (std::size_t i = 0; i < a->size(); ++i) {
     const toml::node& n = *a->get(i);
     if (!n.is_table()) parent.fail(n.source(), fmt::format("{}[{}]: expected a table", parent.name(key), i));
-    Table t(parent.file(), *n.as_table(), fmt::format("{}[{}]", parent.name(key), i));
+    Table t(parent.file(), *n.as_table(), fmt::format("{} #{}", key, i + 1));
     read(t);
     t.done();
   }
 }
 
 // What `fitted` may name: the parameters of a model table.
-constexpr std::string_view kModelKeys[] = {"launch_graph_us",        "launch_host_us",      "latency_scale.Simple",
-                                           "latency_scale.LL",       "latency_scale.LL128", "net_hop_latency_scale",
+constexpr std::string_view kModelKeys[] = {"launch_graph_us",        "launch_host_us",        "latency_scale.Simple",
+                                           "latency_scale.LL",       "latency_scale.LL128",   "bandwidth_scale.Simple",
+                                           "bandwidth_scale.LL",     "bandwidth_scale.LL128", "net_hop_latency_scale",
                                            "nvlink_bandwidth_scale", "net_bandwidth_scale"};
 
 double scale(Table& t, std::string_view key) {
@@ -130,11 +132,17 @@ ModelFit readModel(Table& t) {
   auto& p = m.params;
   p.launchGraphUs = t.number("launch_graph_us", 0, sim::kMaxCalibrationLaunchUs);
   p.launchHostUs = t.number("launch_host_us", 0, sim::kMaxCalibrationLaunchUs);
-  if (const toml::table* ls = t.table("latency_scale", false)) {
-    Table l(t.file(), *ls, t.name("latency_scale"));
-    for (std::size_t k = 0; k < 3; ++k) p.latencyScale[k] = scale(l, kProtocolKeys[k]);
+  auto perProtocol = [&](std::string_view key, std::array<double, 3>& out, auto limit) {
+    const toml::table* table = t.table(key, false);
+    if (!table) return;
+    Table l(t.file(), *table, fmt::format("{}.{}", t.label(), key));
+    for (std::size_t k = 0; k < 3; ++k) {
+      out[k] = l.number(kProtocolKeys[k], sim::kMinCalibrationScale, limit(static_cast<int>(k))).value_or(1.0);
+    }
     l.done();
-  }
+  };
+  perProtocol("latency_scale", p.latencyScale, [](int) { return sim::kMaxCalibrationScale; });
+  perProtocol("bandwidth_scale", p.bandwidthScale, [](int k) { return sim::maxProtocolBandwidthScale(k); });
   p.netHopLatencyScale = scale(t, "net_hop_latency_scale");
   p.nvlinkBandwidthScale = scale(t, "nvlink_bandwidth_scale");
   p.netBandwidthScale = scale(t, "net_bandwidth_scale");
@@ -196,6 +204,8 @@ void writeModel(std::string& out, std::string_view table, const ModelFit& m) {
   if (p.launchHostUs) out += fmt::format("launch_host_us = {}\n", formatNumber(*p.launchHostUs));
   out += fmt::format("latency_scale = {{ Simple = {}, LL = {}, LL128 = {} }}\n", formatNumber(p.latencyScale[0]),
                      formatNumber(p.latencyScale[1]), formatNumber(p.latencyScale[2]));
+  out += fmt::format("bandwidth_scale = {{ Simple = {}, LL = {}, LL128 = {} }}\n", formatNumber(p.bandwidthScale[0]),
+                     formatNumber(p.bandwidthScale[1]), formatNumber(p.bandwidthScale[2]));
   out += fmt::format("net_hop_latency_scale = {}\n", formatNumber(p.netHopLatencyScale));
   out += fmt::format("nvlink_bandwidth_scale = {}\n", formatNumber(p.nvlinkBandwidthScale));
   out += fmt::format("net_bandwidth_scale = {}\n", formatNumber(p.netBandwidthScale));

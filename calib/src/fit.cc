@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <map>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -77,6 +79,24 @@ class Predictor {
   std::vector<Item> items_;
 };
 
+// fn(0) .. fn(n - 1) on up to `threads` threads; each index is run once.
+template <typename Fn>
+void parallelFor(std::size_t n, int threads, const Fn& fn) {
+  const std::size_t t = std::min<std::size_t>(n, static_cast<std::size_t>(std::max(1, threads)));
+  if (t <= 1) {
+    for (std::size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t i = next++; i < n; i = next++) fn(i);
+  };
+  std::vector<std::thread> pool;
+  for (std::size_t k = 1; k < t; ++k) pool.emplace_back(work);
+  work();
+  for (auto& th : pool) th.join();
+}
+
 // ---- Levenberg-Marquardt on ln(predicted / measured) ----
 
 enum Param : std::size_t {
@@ -85,6 +105,9 @@ enum Param : std::size_t {
   kLatSimple,
   kLatLL,
   kLatLL128,
+  kBwSimple,
+  kBwLL,
+  kBwLL128,
   kNetHop,
   kNvLinkBw,
   kNetBw,
@@ -92,15 +115,17 @@ enum Param : std::size_t {
 };
 
 constexpr std::array<std::string_view, kNumParams> kParamKeys = {
-    "launch_graph_us",     "launch_host_us",        "latency_scale.Simple",   "latency_scale.LL",
-    "latency_scale.LL128", "net_hop_latency_scale", "nvlink_bandwidth_scale", "net_bandwidth_scale"};
+    "launch_graph_us",       "launch_host_us",         "latency_scale.Simple", "latency_scale.LL",
+    "latency_scale.LL128",   "bandwidth_scale.Simple", "bandwidth_scale.LL",   "bandwidth_scale.LL128",
+    "net_hop_latency_scale", "nvlink_bandwidth_scale", "net_bandwidth_scale"};
 
 bool isLaunch(std::size_t k) { return k == kLaunchGraph || k == kLaunchHost; }
 
-// The prior's width: a factor of e^3 = 20 on a scale, 30 us on a launch. Wide enough that any row outweighs it; it
-// only holds the directions no row constrains (and launch against base latency, which small sizes see together).
-constexpr double kPriorLnSigma = 3.0;
-constexpr double kPriorLaunchSigmaUs = 30.0;
+// The prior's width: a factor of e^10 on a scale, 1 ms on a launch. So wide that rows always outweigh it; it only
+// keeps the normal equations regular along directions no row tells apart (launch against base latency, which small
+// sizes see only as their sum), where the step then stays small.
+constexpr double kPriorLnSigma = 10.0;
+constexpr double kPriorLaunchSigmaUs = 1000.0;
 
 using Vector = std::array<double, kNumParams>;
 
@@ -127,6 +152,7 @@ Vector upperLimits() {
   const sim::SimParams d;
   hi[kNvLinkBw] = std::log(1.0 / d.linkEfficiency[0]);
   hi[kNetBw] = std::log(1.0 / d.linkEfficiency[2]);
+  for (std::size_t p = 0; p < 3; ++p) hi[kBwSimple + p] = std::log(sim::maxProtocolBandwidthScale(static_cast<int>(p)));
   return hi;
 }
 
@@ -135,6 +161,10 @@ sim::ModelCalibration toCalibration(const Vector& x, const std::array<bool, kNum
   if (active[kLaunchGraph]) c.launchGraphUs = x[kLaunchGraph];
   if (active[kLaunchHost]) c.launchHostUs = x[kLaunchHost];
   for (std::size_t p = 0; p < 3; ++p) c.latencyScale[p] = std::exp(x[kLatSimple + p]);
+  for (std::size_t p = 0; p < 3; ++p) {
+    // exp(ln(limit)) may round past the limit, which the file reader would refuse.
+    c.bandwidthScale[p] = std::min(std::exp(x[kBwSimple + p]), sim::maxProtocolBandwidthScale(static_cast<int>(p)));
+  }
   c.netHopLatencyScale = std::exp(x[kNetHop]);
   c.nvlinkBandwidthScale = std::exp(x[kNvLinkBw]);
   c.netBandwidthScale = std::exp(x[kNetBw]);
@@ -169,7 +199,7 @@ bool solve(std::array<std::array<double, N>, N> a, std::array<double, N> b, std:
 
 // Fits one model: `rest(i, c)` is its time of observation i without the launch (-1: no prediction, row left out).
 template <typename Rest>
-ModelFit fitModel(const Observations& obs, Rest rest, int maxIterations) {
+ModelFit fitModel(const Observations& obs, Rest rest, int maxIterations, int threads) {
   const std::size_t n = obs.rows.size();
   std::vector<bool> used(n, false);
   std::array<bool, kNumParams> active{};
@@ -181,7 +211,7 @@ ModelFit fitModel(const Observations& obs, Rest rest, int maxIterations) {
   std::vector<double> restAt(n, -1.0);
   auto evaluate = [&](const Vector& v, std::vector<double>& out) {
     const sim::ModelCalibration c = toCalibration(v, {});
-    for (std::size_t i = 0; i < n; ++i) out[i] = rest(i, c);
+    parallelFor(n, threads, [&](std::size_t i) { out[i] = rest(i, c); });
   };
   auto launchOf = [&](const Vector& v, std::size_t i) {
     return obs.rows[i].launch == sim::LaunchMode::Graph ? v[kLaunchGraph] : v[kLaunchHost];
@@ -207,6 +237,9 @@ ModelFit fitModel(const Observations& obs, Rest rest, int maxIterations) {
     return s;
   };
 
+  // Stop when a step gains less than this share of the cost: far below what
+  // any report prints.
+  constexpr double kMinGain = 1e-6;
   // A scale no row depends on (a protocol NCCL never chose, the network on one node) is not fitted.
   constexpr double kStep = 0.01;
   std::vector<double> probe(n);
@@ -302,7 +335,7 @@ ModelFit fitModel(const Observations& obs, Rest rest, int maxIterations) {
           r = trialR;
           c = tc;
           lambda = std::max(1e-7, lambda / 3);
-          improved = gain > 1e-9;
+          improved = gain > kMinGain;
           break;
         }
       }
@@ -398,10 +431,10 @@ std::vector<Residual> predict(const Observations& obs, const core::Topology& top
                               const sim::ModelCalibration& modelCal) {
   const Predictor p(obs, topo);
   const sim::ModelCalibration identity;
-  std::vector<Residual> out;
-  for (std::size_t i = 0; i < obs.rows.size(); ++i) {
+  std::vector<Residual> out(obs.rows.size());
+  parallelFor(obs.rows.size(), static_cast<int>(std::thread::hardware_concurrency()), [&](std::size_t i) {
     const Observation& o = obs.rows[i];
-    Residual r;
+    Residual& r = out[i];
     r.file = o.file;
     r.line = o.line;
     r.collective = std::string(core::toString(o.collective));
@@ -416,8 +449,7 @@ std::vector<Residual> predict(const Observations& obs, const core::Topology& top
     r.ncclModelUs = total(p.modelRest(i, modelCal), modelCal);
     r.simulatorBeforeUs = total(p.simulatorRest(i, identity), identity);
     r.simulatorUs = total(p.simulatorRest(i, simCal), simCal);
-    out.push_back(std::move(r));
-  }
+  });
   return out;
 }
 
@@ -460,10 +492,12 @@ Calibration fitCalibration(const Observations& obs, const core::Topology& topo, 
   cal.nicGBps = topo.nics.empty() ? 0.0 : topo.nics.front().bandwidthGBps;
   cal.fittedOn = topo.name;
   cal.sources = obs.sources;
+  const int threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
   cal.simulator = fitModel(
-      obs, [&](std::size_t i, const sim::ModelCalibration& c) { return p.simulatorRest(i, c); }, options.maxIterations);
+      obs, [&](std::size_t i, const sim::ModelCalibration& c) { return p.simulatorRest(i, c); }, options.maxIterations,
+      threads);
   cal.ncclModel = fitModel(
-      obs, [&](std::size_t i, const sim::ModelCalibration& c) { return p.modelRest(i, c); }, options.maxIterations);
+      obs, [&](std::size_t i, const sim::ModelCalibration& c) { return p.modelRest(i, c); }, options.maxIterations, 1);
   cal.residuals = predict(obs, topo, cal.simulator.params, cal.ncclModel.params);
   auto fill = [&](ModelFit& f, Model before, Model after) {
     const ErrorSummary b = summarize(cal.residuals, before);

@@ -83,7 +83,7 @@ int parseDottedVersion(std::string_view v) {
     else
       break;
   }
-  if (k < 2 || parts[1] > 99 || parts[2] > 99) return 0;
+  if (k < 2 || parts[0] > 99 || parts[1] > 99 || parts[2] > 99) return 0;  // major * 10000 must fit an int
   return parts[0] * 10000 + parts[1] * 100 + parts[2];
 }
 
@@ -108,24 +108,34 @@ std::optional<std::string_view> valueAfter(const std::vector<std::string_view>& 
 
 // Column layout of a table, from its header line or nccl-tests' defaults.
 struct Layout {
-  bool hasRoot = true;
+  // Row token index of redop and root; -1 when the table has no such column (before 2022-08 only broadcast_perf and
+  // reduce_perf print a root, and all_gather_perf and broadcast_perf no redop).
+  int redop = 3;
+  int root = 4;
   // Row token index of each mode's time and #wrong/error; -1 when the group is absent.
   int time[2] = {5, 9};
   int wrong[2] = {8, 12};
   bool errorFloat = false;  // "error" (before 2022-08) instead of "#wrong"
   int needed = 13;          // tokens a complete row has (up to the last column we read)
-  bool fromHeader = false;
 };
 
-Layout defaultLayout(bool hasRoot) {
+// A headerless row (a pasted table body): nccl-tests' layout, with a redop column when the fourth token is a word and
+// a root column when the next is an integer and there are enough columns for it.
+Layout defaultLayout(const std::vector<std::string_view>& t, bool rowRedop) {
   Layout l;
-  l.hasRoot = hasRoot;
-  const int lead = hasRoot ? 5 : 4;
+  int lead = rowRedop ? 4 : 3;
+  l.redop = rowRedop ? 3 : -1;
+  const bool hasRoot = static_cast<int>(t.size()) >= lead + 9 && toInt(t[static_cast<std::size_t>(lead)]).has_value();
+  l.root = hasRoot ? lead : -1;
+  if (hasRoot) ++lead;
   l.time[0] = lead;
   l.wrong[0] = lead + 3;
   l.time[1] = lead + 4;
   l.wrong[1] = lead + 7;
   l.needed = lead + 8;
+  // Rows without redop or root are older than 2022-09; those older than 2022-08 have the "error" float (a #wrong
+  // count of the month between parses as an integer).
+  l.errorFloat = !(rowRedop && hasRoot);
   return l;
 }
 
@@ -134,13 +144,14 @@ std::optional<Layout> layoutFromHeader(std::string_view body) {
   const auto t = tokens(body);
   if (t.size() < 6 || t[0] != "size" || t[1] != "count") return std::nullopt;
   Layout l;
-  l.fromHeader = true;
-  l.hasRoot = std::find(t.begin(), t.end(), "root") != t.end();
+  l.redop = l.root = -1;
   l.time[0] = l.time[1] = l.wrong[0] = l.wrong[1] = -1;
   int group = -1;
   int last = 0;
   for (std::size_t i = 0; i < t.size(); ++i) {
     const int idx = static_cast<int>(i);
+    if (group < 0 && t[i] == "redop") l.redop = idx;
+    if (group < 0 && t[i] == "root") l.root = idx;
     if (t[i] == "time" || t[i] == "cputime") {
       if (++group > 1) break;
       l.time[group] = idx;
@@ -217,9 +228,14 @@ struct Parser {
     if (t[0] == "nThread") {
       if (!run || runHasRows || run->iters > 0) startRun(line);
       if (auto v = valueAfter(t, "graph:")) run->graph = static_cast<int>(toInt(*v).value_or(0));
-      if (auto v = valueAfter(t, "iters:")) run->iters = static_cast<int>(toInt(*v).value_or(0));
-      for (std::size_t i = 0; i + 2 < t.size(); ++i) {
-        if (t[i] == "warmup" && t[i + 1] == "iters:") run->warmupIters = static_cast<int>(toInt(t[i + 2]).value_or(0));
+      // "warmup iters: W iters: I agg iters: K": the plain "iters:" is the third.
+      for (std::size_t i = 1; i + 1 < t.size(); ++i) {
+        if (t[i] != "iters:") continue;
+        const int v = static_cast<int>(toInt(t[i + 1]).value_or(0));
+        if (t[i - 1] == "warmup")
+          run->warmupIters = v;
+        else if (t[i - 1] != "agg")
+          run->iters = v;
       }
       return;
     }
@@ -251,24 +267,26 @@ struct Parser {
     }
   }
 
-  // `line` holds a data row if, after at most one prefix token, it reads "size count type redop".
+  // `line` holds a data row if, after at most one prefix token, it reads "size count type" (a row cut off right after
+  // its first columns is still a row, counted as cut off).
   void maybeRow(std::string_view text, int lineNo) {
     auto t = tokens(text);
-    if (t.size() < 6) return;
+    if (t.size() < 3) return;
     std::size_t start = 0;
     if (!toUint(t[0]) || !toUint(t[1]) || !isWord(t[2])) start = 1;
-    if (t.size() < start + 6) return;
-    if (!toUint(t[start]) || !toUint(t[start + 1]) || !isWord(t[start + 2]) || !isWord(t[start + 3])) return;
-    if (typeBytes(t[start + 2]) == 0) return;
+    if (t.size() < start + 3) return;
+    if (!toUint(t[start]) || !toUint(t[start + 1]) || typeBytes(t[start + 2]) == 0) return;
     t.erase(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(start));
     if (!run) startRun(lineNo);
-    Layout l;
-    if (layout) {
-      l = *layout;
-    } else {
-      // No table header: nccl-tests' layout, with a root column when the fifth token is an integer and there are
-      // enough columns for it.
-      l = defaultLayout(t.size() >= 13 && toInt(t[4]).has_value());
+    // Before 2022-09 the copy collectives print an empty redop, so the row lacks a column its header names.
+    const bool rowRedop = t.size() > 3 && isWord(t[3]);
+    Layout l = layout ? *layout : defaultLayout(t, rowRedop);
+    if (l.redop >= 0 && !rowRedop) {
+      for (int* c : {&l.root, &l.time[0], &l.time[1], &l.wrong[0], &l.wrong[1]}) {
+        if (*c > l.redop) --*c;
+      }
+      l.redop = -1;
+      --l.needed;
     }
     runHasRows = true;
     if (static_cast<int>(t.size()) < l.needed) {
@@ -282,9 +300,11 @@ struct Parser {
     r.sizeBytes = *toUint(t[0]);
     r.count = *toUint(t[1]);
     r.type = std::string(t[2]);
-    r.redop = std::string(t[3]);
-    if (l.hasRoot && t.size() > 4)
-      r.root = static_cast<int>(std::clamp<std::int64_t>(toInt(t[4]).value_or(-1), -1, 1 << 24));
+    if (l.redop >= 0) r.redop = std::string(t[static_cast<std::size_t>(l.redop)]);
+    if (l.root >= 0) {
+      const auto root = toInt(t[static_cast<std::size_t>(l.root)]).value_or(-1);
+      r.root = static_cast<int>(std::clamp<std::int64_t>(root, -1, 1 << 24));
+    }
     for (int m = 0; m < 2; ++m) {
       if (l.time[m] < 0) continue;
       const auto v = toDouble(t[static_cast<std::size_t>(l.time[m])]);
@@ -293,10 +313,14 @@ struct Parser {
         const std::string_view w = t[static_cast<std::size_t>(l.wrong[m])];
         std::int64_t wrong = -1;
         if (auto i = toInt(w)) {
-          wrong = *i;
+          wrong = std::max<std::int64_t>(*i, -1);
         } else if (auto d = toDouble(w)) {
-          // The old "error" column is the largest deviation: above float noise it means wrong results.
-          wrong = l.errorFloat ? (*d > 1e-3 ? 1 : 0) : (*d > 0 ? 1 : 0);
+          // The old "error" column is the largest deviation: above float noise it means wrong results. A #wrong
+          // count prints with %g, so a large one reads as a float ("1.04858e+06").
+          if (l.errorFloat)
+            wrong = *d > 1e-3 ? 1 : 0;
+          else
+            wrong = *d > 0 ? std::max<std::int64_t>(1, static_cast<std::int64_t>(std::min(*d, 1e18))) : 0;
         }
         (m == 0 ? r.outOfPlaceWrong : r.inPlaceWrong) = wrong;
       }
@@ -346,23 +370,26 @@ struct Parser {
   }
 };
 
-// Collective from the columns of the rows: redop, root and how count relates to size.
+// Collective from the columns of the rows: redop, root and how count relates to size. nccl-tests prints size as the
+// whole buffer and count as the collective's count argument: per rank for all_gather, reduce_scatter, alltoall,
+// gather and scatter (size = count x type x ranks), the whole buffer for the rest.
 std::optional<Collective> inferCollective(const LogRun& run) {
   std::optional<Collective> seen;
   for (const LogRow& r : run.rows) {
     const int tb = typeBytes(r.type);
     if (tb == 0 || r.count == 0) continue;
     const std::uint64_t perRank = r.count * static_cast<std::uint64_t>(tb);
-    const bool reduce = r.redop != "none";
+    // Copy collectives print "none", or nothing before 2022-09.
+    const bool reduce = !r.redop.empty() && r.redop != "none";
+    const bool gathered = run.ranks > 0 && perRank * static_cast<std::uint64_t>(run.ranks) == r.sizeBytes;
     std::optional<Collective> c;
     if (r.root >= 0) {
-      c = reduce ? Collective::Reduce : Collective::Broadcast;
-    } else if (perRank == r.sizeBytes) {
-      if (reduce) c = Collective::AllReduce;
-      // A copy collective with count x type = size and no root is AlltoAll (count is the whole buffer there).
-      else
-        c = Collective::AllToAll;
-    } else if (run.ranks > 0 && perRank * static_cast<std::uint64_t>(run.ranks) == r.sizeBytes) {
+      // With a root and a gathered size it is gather_perf or scatter_perf: no collective of ours.
+      if (perRank == r.sizeBytes) c = reduce ? Collective::Reduce : Collective::Broadcast;
+    } else if (reduce && perRank == r.sizeBytes) {
+      c = Collective::AllReduce;
+    } else if (gathered) {
+      // alltoall_perf prints the same columns as all_gather_perf; only its program name tells them apart.
       c = reduce ? Collective::ReduceScatter : Collective::AllGather;
     }
     if (!c) continue;
@@ -379,6 +406,13 @@ std::optional<double> jsonNumber(const nlohmann::json& j, std::string_view key) 
   const double v = it->get<double>();
   if (!std::isfinite(v)) return std::nullopt;
   return v;
+}
+
+// A number as an int, clamped (a double past INT_MAX must not reach static_cast<int>).
+std::optional<int> jsonInt(const nlohmann::json& j, std::string_view key) {
+  const auto v = jsonNumber(j, key);
+  if (!v) return std::nullopt;
+  return static_cast<int>(std::clamp(*v, -2147483648.0, 2147483647.0));
 }
 
 std::string jsonString(const nlohmann::json& j, std::string_view key) {
@@ -408,9 +442,20 @@ core::Result<NcclTestsLog> parseJson(std::string_view text, std::string_view fil
   log.json = true;
   LogRun run;
   const nlohmann::json config = j.value("config", nlohmann::json::object());
+  // nccl-tests names the program only in the command line: "args"[0] is its path.
+  std::string program;
+  if (const auto args = j.find("args");
+      args != j.end() && args->is_array() && !args->empty() && args->front().is_string()) {
+    const std::string path = args->front().get<std::string>();
+    const std::size_t slash = path.find_last_of('/');
+    program = path.substr(slash == std::string::npos ? 0 : slash + 1, 256);
+  }
+  std::vector<std::string> names = {program};
   for (const char* key : {"collective", "test", "name", "program", "op"}) {
-    std::string p = jsonString(config, key);
-    if (p.empty()) p = jsonString(j, key);
+    names.push_back(jsonString(config, key));
+    names.push_back(jsonString(j, key));
+  }
+  for (const std::string& p : names) {
     if (p.empty()) continue;
     if (auto c = collectiveFromProgram(p)) {
       run.program = p;
@@ -425,8 +470,11 @@ core::Result<NcclTestsLog> parseJson(std::string_view text, std::string_view fil
       break;
     }
   }
-  run.graph = static_cast<int>(jsonNumber(config, "graph").value_or(0));
-  run.iters = static_cast<int>(jsonNumber(config, "iters").value_or(0));
+  if (run.program.empty()) run.program = program;
+  run.graph = jsonInt(config, "graph").value_or(0);
+  run.iters = jsonInt(config, "iterations").value_or(jsonInt(config, "iters").value_or(0));
+  run.warmupIters = jsonInt(config, "warmup_iters").value_or(0);
+  run.ncclVersion = normaliseVersionCode(jsonInt(j, "nccl_version").value_or(0));
   std::set<int> ranks;
   std::vector<std::string> hosts;
   const nlohmann::json* devices = nullptr;
@@ -435,7 +483,7 @@ core::Result<NcclTestsLog> parseJson(std::string_view text, std::string_view fil
   if (devices) {
     int next = 0;
     for (const auto& d : *devices) {
-      const int r = static_cast<int>(jsonNumber(d, "rank").value_or(next));
+      const int r = jsonInt(d, "rank").value_or(next);
       ++next;
       if (r < 0 || r > (1 << 24)) continue;
       ranks.insert(r);
@@ -447,12 +495,16 @@ core::Result<NcclTestsLog> parseJson(std::string_view text, std::string_view fil
         }
       }
       if (run.gpuName.empty()) {
-        run.gpuName = jsonString(d, "name");
-        if (run.gpuName.empty()) run.gpuName = jsonString(d, "device_name");
+        for (const char* key : {"device_info", "name", "device_name"}) {
+          if (run.gpuName.empty()) run.gpuName = jsonString(d, key);
+        }
       }
     }
   }
-  run.ranks = static_cast<int>(ranks.size());
+  // nccl-tests lists each process's first device, and a process drives nThreads x nGpus ranks.
+  const int perProcess = std::clamp(jsonInt(config, "ngpus").value_or(1), 1, 1024) *
+                         std::clamp(jsonInt(config, "nthreads").value_or(1), 1, 1024);
+  run.ranks = static_cast<int>(std::min<std::size_t>(ranks.size() * static_cast<std::size_t>(perProcess), 1 << 24));
   run.hosts = hosts;
   run.nodes = static_cast<int>(hosts.size());
   int index = 0;
@@ -469,7 +521,12 @@ core::Result<NcclTestsLog> parseJson(std::string_view text, std::string_view fil
     row.count = static_cast<std::uint64_t>(std::clamp(jsonNumber(r, "count").value_or(0), 0.0, 1.8e19));
     row.type = jsonString(r, "type");
     row.redop = jsonString(r, "redop");
-    row.root = static_cast<int>(std::clamp(jsonNumber(r, "root").value_or(-1), -1.0, 16777216.0));
+    // nccl-tests writes root as the text of the table column ("    -1").
+    std::optional<std::int64_t> root;
+    if (const auto v = jsonNumber(r, "root")) root = static_cast<std::int64_t>(std::clamp(*v, -1.0, 16777216.0));
+    const std::string rootText = jsonString(r, "root");
+    if (const auto t = tokens(rootText); !root && t.size() == 1) root = toInt(t[0]);
+    row.root = static_cast<int>(std::clamp<std::int64_t>(root.value_or(-1), -1, 1 << 24));
     for (int m = 0; m < 2; ++m) {
       const char* key = m == 0 ? "out_of_place" : "in_place";
       if (!r.is_object() || !r.contains(key)) continue;
@@ -532,11 +589,17 @@ std::optional<core::Collective> collectiveFromProgram(std::string_view program) 
 core::Result<NcclTestsLog> parseNcclTestsLog(std::string_view text, std::string_view file) {
   std::size_t first = 0;
   while (first < text.size() && (isSpace(text[first]) || text[first] == '\n')) ++first;
-  if (first < text.size() && text[first] == '{') return parseJson(text, file);
-  Parser p{file, {}, nullptr, std::nullopt, {}, {}, false, 0};
-  p.log.file = std::string(file);
-  p.parseText(text);
-  NcclTestsLog log = std::move(p.log);
+  NcclTestsLog log;
+  if (first < text.size() && text[first] == '{') {
+    auto json = parseJson(text, file);
+    if (!json) return json;
+    log = std::move(*json);
+  } else {
+    Parser p{file, {}, nullptr, std::nullopt, {}, {}, false, 0};
+    p.log.file = std::string(file);
+    p.parseText(text);
+    log = std::move(p.log);
+  }
   // Drop header-only runs that precede a real one (a version line, then the run).
   std::vector<LogRun> runs;
   for (LogRun& r : log.runs) {
@@ -545,7 +608,8 @@ core::Result<NcclTestsLog> parseNcclTestsLog(std::string_view text, std::string_
   }
   log.runs = std::move(runs);
   for (LogRun& r : log.runs) {
-    if (!r.collective) {
+    // A named program settles it: sendrecv_perf's rows read like all_reduce_perf's, gather_perf's like a broadcast.
+    if (!r.collective && r.program.empty()) {
       if (auto c = inferCollective(r)) {
         r.collective = c;
         r.collectiveFrom = "columns";
@@ -554,6 +618,11 @@ core::Result<NcclTestsLog> parseNcclTestsLog(std::string_view text, std::string_
   }
   int rows = 0;
   for (const LogRun& r : log.runs) rows += static_cast<int>(r.rows.size());
+  if (rows == 0 && log.json) {
+    return core::Diagnostic{std::string(file), 0, 0,
+                            "nccl-tests JSON without a usable result: expected \"results\" entries with a \"size\" "
+                            "and an \"out_of_place\" or \"in_place\" time"};
+  }
   if (rows == 0) {
     const int incomplete = log.runs.empty() ? 0 : log.runs.front().incompleteRows;
     return core::Diagnostic{std::string(file), incomplete > 0 ? log.runs.front().line : 0, 0,

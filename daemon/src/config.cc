@@ -288,7 +288,7 @@ void readCache(Reader& r, const toml::table& root, Config& c) {
 }
 
 void readTopology(Reader& r, const toml::table& root, Config& c) {
-  Section s(r, subTable(r, root, "topology"), "topology", {"preset", "file", "nccl_topo_dump", "nodes"});
+  Section s(r, subTable(r, root, "topology"), "topology", {"preset", "file", "nccl_topo_dump", "nodes", "calibration"});
   const std::string_view sources = "exactly one of preset, file, nccl_topo_dump";
   if (!s.present()) r.fail({}, fmt::format("[topology]: missing section; it needs {}", sources));
   if (const toml::node* n = s.get("preset")) {
@@ -309,6 +309,15 @@ void readTopology(Reader& r, const toml::table& root, Config& c) {
       s.bad(*n, "nodes", "no nodes key: only nccl_topo_dump takes it (a preset says dgx-a100x4, a file says nodes)");
     }
     s.integer("nodes", c.nodes, 1, core::Topology::kMaxNodes, "a node count");
+  }
+  s.path("calibration", c.calibrationFile);
+  if (!c.calibrationFile.empty()) {
+    auto cal = calib::readCalibrationFile(c.calibrationFile);
+    if (!cal) {
+      r.fail(r.where["[topology] calibration"],
+             fmt::format("[topology] calibration = \"{}\": {}", c.calibrationFile.string(), cal.error().str()));
+    }
+    c.calibration = std::move(cal).value();
   }
 }
 
@@ -542,11 +551,25 @@ core::Result<Config> loadConfig(const fs::path& file, GetEnv getEnv) {
   return parseConfig(ss.str(), file, getEnv);
 }
 
-core::Result<core::Topology> loadConfiguredTopology(const Config& config) {
+namespace {
+
+core::Result<core::Topology> configuredTopology(const Config& config) {
   if (!config.preset.empty()) return core::presetTopology(config.preset);
   if (!config.topologyFile.empty()) return core::loadTopologyFile(config.topologyFile.string());
   if (!config.ncclTopoDump.empty()) return readNcclTopoDump(config.ncclTopoDump, config.nodes > 0 ? config.nodes : 1);
   return core::Diagnostic{config.file.string(), 0, 0, "[topology]: no source (preset, file or nccl_topo_dump)"};
+}
+
+}  // namespace
+
+core::Result<core::Topology> loadConfiguredTopology(const Config& config) {
+  auto topo = configuredTopology(config);
+  if (topo && config.calibration) {
+    if (std::string why = calib::appliesTo(*config.calibration, *topo); !why.empty()) {
+      return core::Diagnostic{config.file.string(), 0, 0, fmt::format("[topology] calibration: {}", why)};
+    }
+  }
+  return topo;
 }
 
 core::Result<fs::path> resolveStateDir(const Config& config, GetEnv getEnv) {

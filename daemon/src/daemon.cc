@@ -220,7 +220,7 @@ bool sameBudget(const Config& a, const Config& b) {
 }
 bool sameTopologySource(const Config& a, const Config& b) {
   return a.preset == b.preset && a.topologyFile == b.topologyFile && a.ncclTopoDump == b.ncclTopoDump &&
-         a.nodes == b.nodes;
+         a.nodes == b.nodes && a.calibrationFile == b.calibrationFile;
 }
 
 class DaemonImpl final : public Daemon {

@@ -15,6 +15,7 @@
 
 #include "optiflow/core/units.h"
 #include "optiflow/schedcache/reader.h"
+#include "optiflow/sim/calibration.h"
 #include "optiflow/synth/cache_plan.h"
 #include "optiflow/synth/llm_client.h"
 #include "optiflow/synth/loop.h"
@@ -56,6 +57,8 @@ core::Result<std::optional<int>> WorkLoop::Impl::synthesize(const Workload& w, c
   sc.sizes = w.sizes;
   sc.rounds = cfg.rounds;
   sc.candidatesPerRound = cfg.candidatesPerRound;
+  // NCCL-tests graph launches are what the tuner's plans are compared at, as without a calibration.
+  if (cfg.calibration) sc.params = sim::calibratedSimParams(cfg.calibration->simulator.params, sim::LaunchMode::Graph);
   // No more evaluation threads than the CPU budget has cores: the budget then holds at every instant, not only on
   // average (the gate's token bucket still accounts for the whole process).
   sc.threads = std::max(1, static_cast<int>(std::ceil(cfg.cpuCores)));

@@ -34,9 +34,13 @@ std::vector<std::uint64_t> defaultSizes() {
 // topology enters by its shape only: probes refine bandwidths and latencies all the time, and a small change must not
 // restart every synthesis (the next interval's run uses the refined topology).
 std::string fingerprint(const Config& c, const core::Topology& t) {
-  return fmt::format("{}|{}x{}|{}|{}|r{}|c{}|s{}|{}|{}", t.name, t.nodes, t.gpusPerNode, c.proposer, c.evaluator,
+  // A calibration changes every time the search compares, so it is part of what a run depends on.
+  const std::string cal =
+      c.calibration ? fmt::format("|cal{:016x}", std::hash<std::string>{}(calib::formatCalibration(*c.calibration)))
+                    : "";
+  return fmt::format("{}|{}x{}|{}|{}|r{}|c{}|s{}|{}|{}{}", t.name, t.nodes, t.gpusPerNode, c.proposer, c.evaluator,
                      c.rounds, c.candidatesPerRound, c.seed, c.proposer == "llm" ? c.llm.client.baseUrl : "",
-                     c.proposer == "llm" ? c.llm.client.model : "");
+                     c.proposer == "llm" ? c.llm.client.model : "", cal);
 }
 
 }  // namespace detail

@@ -16,6 +16,10 @@ constexpr int kNetClass = 2;
 
 std::string_view toString(LaunchMode m) { return m == LaunchMode::Graph ? "graph" : "host"; }
 
+double maxProtocolBandwidthScale(int protocol) {
+  return 1.0 / SimParams{}.protocolEfficiency[static_cast<std::size_t>(protocol)];
+}
+
 bool ModelCalibration::identity() const { return *this == ModelCalibration{}; }
 
 double launchUs(const ModelCalibration& c, LaunchMode mode) {
@@ -35,6 +39,8 @@ SimParams calibratedSimParams(const ModelCalibration& c, LaunchMode mode, SimPar
     }
   }
   auto scaled = [](double efficiency, double s) { return std::min(1.0, efficiency * s); };
+  for (std::size_t p = 0; p < 3; ++p)
+    base.protocolEfficiency[p] = scaled(base.protocolEfficiency[p], c.bandwidthScale[p]);
   base.linkEfficiency[kNvLinkClass] = scaled(base.linkEfficiency[kNvLinkClass], c.nvlinkBandwidthScale);
   base.linkEfficiency[kPciClass] = scaled(base.linkEfficiency[kPciClass], c.nvlinkBandwidthScale);
   base.linkEfficiency[kNetClass] = scaled(base.linkEfficiency[kNetClass], c.netBandwidthScale);
@@ -52,7 +58,9 @@ double calibratedNcclTimeUs(const NcclPrediction& p, const ModelCalibration& c, 
   const double s = c.latencyScale[static_cast<std::size_t>(protocolIndex(p.protocol))];
   const double latency = (lat - net) * s + net * s * c.netHopLatencyScale;
   // NCCL's bandwidth on several nodes is the network's (bwInter, or bwIntra equal to it on two nodes).
-  const double bwScale = p.tuning.nNodes > 1 ? c.netBandwidthScale : c.nvlinkBandwidthScale;
+  const double bwScale = (p.tuning.nNodes > 1 ? c.netBandwidthScale : c.nvlinkBandwidthScale) *
+                         std::min(c.bandwidthScale[static_cast<std::size_t>(protocolIndex(p.protocol))],
+                                  maxProtocolBandwidthScale(protocolIndex(p.protocol)));
   return launchUs(c, mode) + latency + static_cast<double>(p.sizeBytes) / (1000.0 * bw * bwScale);
 }
 

@@ -383,7 +383,10 @@ SimParams ncclSimParams(const NcclPrediction& p, const SimParams& base) {
     const double ratio = base.linkEfficiency[cls] / SimParams{}.linkEfficiency[cls];
     for (core::Protocol q : {core::Protocol::LL, core::Protocol::LL128}) {
       const double bw = p.bandwidth[ring][static_cast<int>(q)];
-      if (bw > 0) s.flowCapGBps[protocolIndex(q)] = bw * factor / p.channels * ratio;
+      // A calibrated protocol efficiency moves NCCL's cap of that protocol with it.
+      const auto k = static_cast<std::size_t>(protocolIndex(q));
+      const double protocolRatio = base.protocolEfficiency[k] / SimParams{}.protocolEfficiency[k];
+      if (bw > 0) s.flowCapGBps[k] = bw * factor / p.channels * ratio * protocolRatio;
     }
   }
   return s;

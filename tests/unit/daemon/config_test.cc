@@ -423,6 +423,48 @@ TEST_F(ConfigTest, LoadConfigReadsFilesAndNamesMissingOnes) {
   fs::remove_all(dir);
 }
 
+TEST_F(ConfigTest, CalibrationIsReadWithTheConfigAndCheckedAgainstTheTopology) {
+  const fs::path dir = fs::temp_directory_path() / ("optiflowd-calibration-test-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  calib::Calibration cal;
+  cal.gpu = "A100-SXM4";
+  cal.gpusPerNode = 8;
+  cal.nicsPerNode = 8;
+  cal.nicGBps = 25;
+  cal.simulator.params.launchGraphUs = 7.5;
+  cal.simulator.params.netBandwidthScale = 0.7;
+  std::ofstream(dir / "cal.toml") << calib::formatCalibration(cal);
+  std::ofstream(dir / "bad.toml") << "format = \"optiflow-calibration\"\nversion = 1\n[node]\ngpu = 3\n";
+  auto config = [&](std::string_view preset, std::string_view file) {
+    std::ofstream(dir / "optiflowd.toml")
+        << "version = 1\n[topology]\npreset = \"" << preset << "\"\ncalibration = \"" << file << "\"\n";
+    return loadConfig(dir / "optiflowd.toml", &fakeEnv);
+  };
+  auto ok = config("dgx-a100x4", "cal.toml");  // relative to the config's directory
+  ASSERT_TRUE(ok.ok()) << ok.error().str();
+  EXPECT_EQ(ok->calibrationFile, dir / "cal.toml");
+  ASSERT_TRUE(ok->calibration.has_value());
+  EXPECT_EQ(ok->calibration->simulator.params.launchGraphUs, 7.5);
+  EXPECT_TRUE(loadConfiguredTopology(*ok).ok());
+  // Another kind of node: the topology does not load, and the error says why.
+  auto h100 = config("dgx-h100x2", "cal.toml");
+  ASSERT_TRUE(h100.ok());
+  auto topo = loadConfiguredTopology(*h100);
+  ASSERT_FALSE(topo.ok());
+  EXPECT_NE(topo.error().str().find("[topology] calibration"), std::string::npos) << topo.error().str();
+  EXPECT_NE(topo.error().str().find("H100"), std::string::npos) << topo.error().str();
+  // A bad or missing calibration file fails the config at its line, naming both files.
+  auto bad = config("dgx-a100x4", "bad.toml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().line, 4) << bad.error().str();
+  EXPECT_NE(bad.error().str().find("bad.toml:4"), std::string::npos) << bad.error().str();
+  EXPECT_NE(bad.error().str().find("[node] gpu"), std::string::npos) << bad.error().str();
+  auto missing = config("dgx-a100x4", "none.toml");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.error().str().find("none.toml"), std::string::npos) << missing.error().str();
+  fs::remove_all(dir);
+}
+
 TEST_F(ConfigTest, ExampleConfigIsValid) {
   const fs::path example = fs::path(OPTIFLOW_SOURCE_DIR) / "daemon/etc/optiflowd.toml";
   auto r = loadConfig(example, nullptr);

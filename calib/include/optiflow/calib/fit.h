@@ -38,6 +38,7 @@ struct Observations {
 struct FitOptions {
   std::optional<core::Collective> collective;  // only runs of this collective (all when empty)
   int maxIterations = 60;
+  int threads = 0;  // simulations in parallel; 0: one per hardware thread
 };
 
 // The rows of `logs` that can be matched on `topo`. An error when a run's rank or node count differs from the

@@ -11,6 +11,7 @@
 
 #include "optiflow/core/env.h"
 #include "optiflow/core/error.h"
+#include "optiflow/calib/calibration_file.h"
 #include "optiflow/core/topology.h"
 
 #include "optiflow/synth/llm_client.h"
@@ -45,6 +46,10 @@ struct Config {
   std::filesystem::path topologyFile;  // our TOML topology
   std::filesystem::path ncclTopoDump;  // NCCL_TOPO_DUMP_FILE XML
   int nodes = 0;                       // with nccl_topo_dump: how many such nodes the job spans (0: 1)
+  // optiflow calibrate's CAL.toml (docs/calibration.md), read with the config; it must fit the topology's kind of
+  // node (loadConfiguredTopology checks). Synthesis times with the calibrated simulator.
+  std::filesystem::path calibrationFile;
+  std::optional<calib::Calibration> calibration;
 
   // [synthesis]
   std::string proposer = "builtin";  // builtin | llm
@@ -100,7 +105,8 @@ core::Result<Config> loadConfig(const std::filesystem::path& file, GetEnv getEnv
 core::Result<Config> parseConfig(std::string_view text, const std::filesystem::path& file, GetEnv getEnv);
 
 // The topology the config names: the preset, the TOML file (core::loadTopologyFile), or the NCCL topology dump
-// (NCCL_TOPO_DUMP_FILE XML, `nodes` such nodes). Errors name the file and what was missing.
+// (NCCL_TOPO_DUMP_FILE XML, `nodes` such nodes). Errors name the file and what was missing, or why the calibration
+// does not apply to it.
 core::Result<core::Topology> loadConfiguredTopology(const Config& config);
 
 // The state directory to use (Config::stateDir, else $STATE_DIRECTORY, /var/lib/optiflow when writable, else

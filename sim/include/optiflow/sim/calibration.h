@@ -25,6 +25,8 @@ std::string_view toString(LaunchMode m);  // "graph", "host"
 inline constexpr double kMinCalibrationScale = 0.02;
 inline constexpr double kMaxCalibrationScale = 50.0;
 inline constexpr double kMaxCalibrationLaunchUs = 10000.0;
+// The largest bandwidth factor of a protocol (protocolIndex order): what takes its efficiency to 1.
+double maxProtocolBandwidthScale(int protocol);
 
 struct ModelCalibration {
   // Kernel launch per collective for each launch mode; nullopt: the mode's default (kLaunchUsCudaGraph/Host).
@@ -33,6 +35,10 @@ struct ModelCalibration {
   // Factor on every latency of a protocol (index protocolIndex: Simple, LL, LL128): the base latency, the per-hop
   // latency and, in the simulator, the per-step synchronisation.
   std::array<double, 3> latencyScale = {1.0, 1.0, 1.0};
+  // Factor on the bandwidth each protocol gets out of a link (index protocolIndex): the simulator's protocol
+  // efficiency and NCCL's per-protocol caps, the NCCL model's bandwidth of that protocol. At most what makes the
+  // protocol carry the raw link bandwidth (Simple 1, LL 2, LL128 128/120), so the lower bound stays a bound.
+  std::array<double, 3> bandwidthScale = {1.0, 1.0, 1.0};
   // Extra factor on the latency of hops that cross the network.
   double netHopLatencyScale = 1.0;
   // Factor on the effective bandwidth inside a node (NVLink, NVSwitch, PCIe) and through the NICs. The simulator's
