@@ -17,6 +17,9 @@ namespace optiflow::cli {
 
 namespace {
 
+// Where bandwidth dominates: the summaries also give the error from this size up.
+constexpr std::uint64_t kLargeBytes = 16u << 20;
+
 // Two predictions further apart than this are reported as a disagreement.
 constexpr double kDisagreement = 0.10;
 
@@ -43,7 +46,8 @@ std::string keyValues(const calib::ModelFit& f) {
 
 std::string cell(double us) { return us < 0 ? "-" : fmt::format("{:.2f}", us); }
 
-nlohmann::json fitJson(const calib::ModelFit& f, const calib::ErrorSummary& before, const calib::ErrorSummary& after) {
+nlohmann::json fitJson(const calib::ModelFit& f, const calib::ErrorSummary& before, const calib::ErrorSummary& after,
+                       const calib::ErrorSummary& largeBefore, const calib::ErrorSummary& large) {
   nlohmann::json params;
   const auto& p = f.params;
   if (p.launchGraphUs) params["launch_graph_us"] = *p.launchGraphUs;
@@ -59,7 +63,10 @@ nlohmann::json fitJson(const calib::ModelFit& f, const calib::ErrorSummary& befo
           {"rows", after.rows},
           {"median_error_pct_before", before.medianPct},
           {"median_error_pct", after.medianPct},
-          {"max_error_pct", after.maxPct}};
+          {"max_error_pct", after.maxPct},
+          {"large_rows", large.rows},
+          {"large_median_error_pct_before", largeBefore.medianPct},
+          {"large_median_error_pct", large.medianPct}};
 }
 
 }  // namespace
@@ -80,10 +87,24 @@ sim::SimParams simParamsFor(const std::optional<calib::Calibration>& cal, const 
 }
 
 int runCalibrate(const CalibrateArgs& a) {
-  auto topo = core::loadTopology(a.topology);
-  if (!topo) {
-    fmt::print(stderr, "optiflow: {}\n", topo.error().str());
+  std::vector<core::Topology> topos;
+  for (const std::string& name : a.topologies) {
+    auto t = core::loadTopology(name);
+    if (!t) {
+      fmt::print(stderr, "optiflow: {}\n", t.error().str());
+      return kExitBadInput;
+    }
+    topos.push_back(std::move(t).value());
+  }
+  if (topos.empty()) {
+    fmt::print(stderr, "optiflow: calibrate needs --topo\n");
     return kExitBadInput;
+  }
+  std::string names;
+  int ranks = 0;
+  for (const auto& t : topos) {
+    names += (names.empty() ? "" : ", ") + t.name;
+    ranks = std::max(ranks, t.nRanks());
   }
   calib::FitOptions options;
   if (!a.collective.empty()) {
@@ -101,9 +122,11 @@ int runCalibrate(const CalibrateArgs& a) {
   }
   std::optional<calib::Calibration> given;
   if (!a.calibration.empty()) {
-    auto c = calibrationArg(a.calibration, *topo);
-    if (!c) return kExitBadInput;
-    given = std::move(*c);
+    for (const auto& t : topos) {
+      auto c = calibrationArg(a.calibration, t);
+      if (!c) return kExitBadInput;
+      given = std::move(*c);
+    }
   }
   std::vector<calib::NcclTestsLog> logs;
   for (const std::string& file : a.logs) {
@@ -114,7 +137,7 @@ int runCalibrate(const CalibrateArgs& a) {
     }
     logs.push_back(std::move(log).value());
   }
-  auto obs = calib::observationsFrom(logs, *topo, options);
+  auto obs = calib::observationsFrom(logs, topos, options);
   if (!obs) {
     fmt::print(stderr, "optiflow: {}\n", obs.error().str());
     return kExitBadInput;
@@ -122,16 +145,25 @@ int runCalibrate(const CalibrateArgs& a) {
   calib::Calibration cal;
   if (given) {
     cal = *given;
-    cal.residuals = calib::predict(*obs, *topo, cal.simulator.params, cal.ncclModel.params);
+    cal.residuals = calib::predict(*obs, cal.simulator.params, cal.ncclModel.params);
   } else {
-    cal = calib::fitCalibration(*obs, *topo, options);
+    cal = calib::fitCalibration(*obs, options);
     cal.writtenBy = fmt::format("optiflow {} calibrate", OPTIFLOW_VERSION);
   }
   const auto simBefore = calib::summarize(cal.residuals, calib::Model::SimulatorBefore);
   const auto simAfter = calib::summarize(cal.residuals, calib::Model::Simulator);
   const auto modelBefore = calib::summarize(cal.residuals, calib::Model::NcclModelBefore);
   const auto modelAfter = calib::summarize(cal.residuals, calib::Model::NcclModel);
-  const sim::BoundModel bounds(*topo);
+  std::vector<sim::BoundModel> bounds;
+  for (const auto& t : topos) bounds.emplace_back(t);
+  // Row i of the residuals is observation i, measured on its own topology.
+  auto boundOf = [&](std::size_t i) {
+    const auto& o = obs->rows[i];
+    return bounds[static_cast<std::size_t>(o.topology)].bound(o.collective, o.sizeBytes).timeUs;
+  };
+  auto topologyOf = [&](std::size_t i) -> const std::string& {
+    return topos[static_cast<std::size_t>(obs->rows[i].topology)].name;
+  };
   int disagree = 0;
   for (const auto& r : cal.residuals) {
     if (r.simulatorUs > 0 && r.ncclModelUs > 0 &&
@@ -144,9 +176,10 @@ int runCalibrate(const CalibrateArgs& a) {
 
   if (a.json) {
     nlohmann::json rows = nlohmann::json::array();
-    for (const auto& r : cal.residuals) {
-      const auto coll = core::parseCollective(r.collective);
+    for (std::size_t i = 0; i < cal.residuals.size(); ++i) {
+      const auto& r = cal.residuals[i];
       rows.push_back({{"file", r.file},
+                      {"topology", topologyOf(i)},
                       {"line", r.line},
                       {"collective", r.collective},
                       {"size_bytes", r.sizeBytes},
@@ -156,7 +189,7 @@ int runCalibrate(const CalibrateArgs& a) {
                       {"simulator_us", r.simulatorUs},
                       {"nccl_model_before_us", r.ncclModelBeforeUs},
                       {"nccl_model_us", r.ncclModelUs},
-                      {"bound_us", coll ? bounds.bound(*coll, r.sizeBytes).timeUs : -1.0}});
+                      {"bound_us", boundOf(i)}});
     }
     nlohmann::json sources = nlohmann::json::array();
     for (const auto& s : obs->sources) {
@@ -169,40 +202,57 @@ int runCalibrate(const CalibrateArgs& a) {
                          {"launch", s.launch},
                          {"nccl_version", s.ncclVersion}});
     }
-    const nlohmann::json out = {{"topology", topo->name},
-                                {"ranks", topo->nRanks()},
-                                {"calibration", given ? a.calibration : a.output},
-                                {"fitted", !given},
-                                {"sources", sources},
-                                {"notes", obs->notes},
-                                {"simulator", fitJson(cal.simulator, simBefore, simAfter)},
-                                {"nccl_model", fitJson(cal.ncclModel, modelBefore, modelAfter)},
-                                {"believe", cal.believe},
-                                {"disagreements", disagree},
-                                {"rows", rows}};
+    const nlohmann::json out = {
+        {"topology", names},
+        {"ranks", ranks},
+        {"calibration", given ? a.calibration : a.output},
+        {"fitted", !given},
+        {"sources", sources},
+        {"notes", obs->notes},
+        {"simulator", fitJson(cal.simulator, simBefore, simAfter,
+                              calib::summarize(cal.residuals, calib::Model::SimulatorBefore, kLargeBytes),
+                              calib::summarize(cal.residuals, calib::Model::Simulator, kLargeBytes))},
+        {"nccl_model", fitJson(cal.ncclModel, modelBefore, modelAfter,
+                               calib::summarize(cal.residuals, calib::Model::NcclModelBefore, kLargeBytes),
+                               calib::summarize(cal.residuals, calib::Model::NcclModel, kLargeBytes))},
+        {"large_bytes", kLargeBytes},
+        {"believe", cal.believe},
+        {"disagreements", disagree},
+        {"rows", rows}};
     std::cout << out.dump(2) << '\n';
   } else {
     fmt::print("{} both models of NCCL's own choice on {} ({} GPUs) against {} row(s) of {} log(s){}\n",
-               given ? "Checked the calibration " + a.calibration + " of" : "Calibrated", topo->name, topo->nRanks(),
+               given ? "Checked the calibration " + a.calibration + " of" : "Calibrated", names, ranks,
                obs->rows.size(), logs.size(),
                incomplete ? fmt::format("; {} row(s) cut off or unreadable, left out", incomplete) : "");
-    fmt::print("{:>10} {:>13} {:>15} {:>11} {:>11} {:>11} {:>11} {:>11} {:>10}\n", "size", "collective", "choice",
-               "measured_us", "sim_before", "sim_after", "model_befor", "model_after", "bound_us");
-    for (const auto& r : cal.residuals) {
-      const auto coll = core::parseCollective(r.collective);
-      fmt::print("{:>10} {:>13} {:>15} {:>11.2f} {:>11} {:>11} {:>11} {:>11} {:>10}\n", core::formatSize(r.sizeBytes),
-                 r.collective, r.choice, r.measuredUs, cell(r.simulatorBeforeUs), cell(r.simulatorUs),
-                 cell(r.ncclModelBeforeUs), cell(r.ncclModelUs),
-                 coll ? cell(bounds.bound(*coll, r.sizeBytes).timeUs) : "-");
+    const bool several = topos.size() > 1;
+    fmt::print("{}{:>10} {:>13} {:>15} {:>11} {:>11} {:>11} {:>11} {:>11} {:>10}\n",
+               several ? fmt::format("{:>14} ", "topology") : "", "size", "collective", "choice", "measured_us",
+               "sim_before", "sim_after", "model_befor", "model_after", "bound_us");
+    for (std::size_t i = 0; i < cal.residuals.size(); ++i) {
+      const auto& r = cal.residuals[i];
+      fmt::print("{}{:>10} {:>13} {:>15} {:>11.2f} {:>11} {:>11} {:>11} {:>11} {:>10}\n",
+                 several ? fmt::format("{:>14} ", topologyOf(i)) : "", core::formatSize(r.sizeBytes), r.collective,
+                 r.choice, r.measuredUs, cell(r.simulatorBeforeUs), cell(r.simulatorUs), cell(r.ncclModelBeforeUs),
+                 cell(r.ncclModelUs), cell(boundOf(i)));
     }
-    auto line = [](std::string_view name, const calib::ErrorSummary& b, const calib::ErrorSummary& s) {
+    auto line = [&](std::string_view name, calib::Model before, calib::Model after) {
+      const auto b = calib::summarize(cal.residuals, before);
+      const auto s = calib::summarize(cal.residuals, after);
       if (s.rows == 0) return fmt::format("{:<11} no row it can time\n", name);
-      return fmt::format("{:<11} median error {:.1f}% -> {:.1f}% (max {:.1f}%) over {} rows\n", name, b.medianPct,
-                         s.medianPct, s.maxPct, s.rows);
+      std::string large;
+      const auto bl = calib::summarize(cal.residuals, before, kLargeBytes);
+      const auto sl = calib::summarize(cal.residuals, after, kLargeBytes);
+      if (sl.rows > 0) {
+        large = fmt::format("; from {}: {:.1f}% -> {:.1f}% over {}", core::formatSize(kLargeBytes), bl.medianPct,
+                            sl.medianPct, sl.rows);
+      }
+      return fmt::format("{:<11} median error {:.1f}% -> {:.1f}% (max {:.1f}%) over {} rows{}\n", name, b.medianPct,
+                         s.medianPct, s.maxPct, s.rows, large);
     };
-    fmt::print("\n{}", line("simulator:", simBefore, simAfter));
+    fmt::print("\n{}", line("simulator:", calib::Model::SimulatorBefore, calib::Model::Simulator));
     if (!given) fmt::print("            fitted {}\n", keyValues(cal.simulator));
-    fmt::print("{}", line("NCCL model:", modelBefore, modelAfter));
+    fmt::print("{}", line("NCCL model:", calib::Model::NcclModelBefore, calib::Model::NcclModel));
     if (!given) fmt::print("            fitted {}\n", keyValues(cal.ncclModel));
     if (simAfter.rows < modelAfter.rows) {
       fmt::print("The simulator cannot time {} row(s): NCCL's choice there (NVLS, PAT, CollNet) has no schedule.\n",

@@ -77,13 +77,14 @@ struct SynthArgs {
   std::string calibration;
 };
 
-// `optiflow calibrate LOG... --topo T [-o CAL.toml]`: fits both models to nccl-tests logs (docs/calibration.md).
+// `optiflow calibrate LOG... --topo T [--topo T2 ...] [-o CAL.toml]`: fits both models to nccl-tests logs
+// (docs/calibration.md).
 struct CalibrateArgs {
   std::vector<std::string> logs;
-  std::string topology;
-  std::string output;       // CAL.toml to write; empty: print only
-  std::string calibration;  // check this calibration against the logs instead of fitting one
-  std::string collective;   // only runs of this collective
+  std::vector<std::string> topologies;  // one per node count of the logs, all one kind of node
+  std::string output;                   // CAL.toml to write; empty: print only
+  std::string calibration;              // check this calibration against the logs instead of fitting one
+  std::string collective;               // only runs of this collective
   bool json = false;
 };
 

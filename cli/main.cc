@@ -264,8 +264,11 @@ int main(int argc, char** argv) {
   auto* calibrate = app.add_subcommand(
       "calibrate", "Fit the simulator and NCCL's model to nccl-tests logs of the cluster and write CAL.toml");
   calibrate->add_option("logs", calArgs.logs, "nccl-tests logs (text, as printed or pasted, or -J JSON)")->required();
-  calibrate->add_option("--topo", calArgs.topology, "Preset or TOML topology file of the cluster the logs ran on")
-      ->required();
+  calibrate
+      ->add_option("--topo", calArgs.topologies,
+                   "Preset or TOML topology file of the cluster the logs ran on; once per node count of the logs")
+      ->required()
+      ->allow_extra_args(false);  // one value per --topo: what follows is a log
   calibrate->add_option("-o,--output", calArgs.output, "Calibration file to write (CAL.toml)");
   calibrate->add_option("--calibration", calArgs.calibration,
                         "Check this calibration against the logs instead of fitting one");

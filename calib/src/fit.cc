@@ -31,17 +31,26 @@ std::string choiceOf(const sim::NcclPrediction& p) {
 // NCCL's choice for every observation with its schedule, and both models' times of it under a calibration.
 class Predictor {
  public:
-  Predictor(const Observations& obs, const core::Topology& topo) : obs_(obs) {
-    auto net = sim::Network::build(topo);
-    if (net) net_.emplace(std::move(*net));
-    std::map<int, sim::NcclTuning> tunings;
+  explicit Predictor(const Observations& obs) : obs_(obs) {
+    for (const core::Topology& t : obs.topologies) {
+      auto net = sim::Network::build(t);
+      nets_.push_back(net ? std::optional<sim::Network>(std::move(*net)) : std::nullopt);
+    }
+    std::map<std::pair<int, int>, sim::NcclTuning> tunings;  // (topology, NCCL version)
     for (const Observation& o : obs.rows) {
-      auto t = tunings.find(o.ncclVersion);
-      if (t == tunings.end())
-        t = tunings.emplace(o.ncclVersion, sim::ncclTune(topo, modelOptions(o.ncclVersion))).first;
       Item item;
+      if (o.topology < 0 || o.topology >= static_cast<int>(obs.topologies.size())) {
+        items_.push_back(std::move(item));  // no prediction (ok() is false): the row is left out
+        continue;
+      }
+      const core::Topology& topo = obs.topologies[static_cast<std::size_t>(o.topology)];
+      auto t = tunings.find({o.topology, o.ncclVersion});
+      if (t == tunings.end()) {
+        t = tunings.emplace(std::pair{o.topology, o.ncclVersion}, sim::ncclTune(topo, modelOptions(o.ncclVersion)))
+                .first;
+      }
       item.prediction = sim::ncclPredict(t->second, o.collective, o.sizeBytes, modelOptions(o.ncclVersion));
-      if (item.prediction.ok() && net_) {
+      if (item.prediction.ok() && nets_[static_cast<std::size_t>(o.topology)]) {
         auto s = sim::ncclScheduleFor(topo, o.collective, item.prediction);
         if (s) item.schedule.emplace(std::move(*s));
       }
@@ -65,7 +74,8 @@ class Predictor {
     sim::SimParams params = sim::ncclSimParams(items_[i].prediction, sim::calibratedSimParams(c, o.launch));
     params.launchUs = 0;
     params.protocol = items_[i].prediction.protocol;
-    const sim::SimResult r = sim::simulate(*items_[i].schedule, *net_, o.sizeBytes, params);
+    const sim::SimResult r =
+        sim::simulate(*items_[i].schedule, *nets_[static_cast<std::size_t>(o.topology)], o.sizeBytes, params);
     return r.ok ? r.timeUs : -1;
   }
 
@@ -75,7 +85,7 @@ class Predictor {
     std::optional<core::Schedule> schedule;
   };
   const Observations& obs_;
-  std::optional<sim::Network> net_;
+  std::vector<std::optional<sim::Network>> nets_;  // per topology
   std::vector<Item> items_;
 };
 
@@ -359,11 +369,39 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
 }
 
+// Empty when `b` is the same kind of node and fabric as `a` (what a calibration is per), else why not.
+std::string sameKind(const core::Topology& a, const core::Topology& b) {
+  Calibration c;
+  c.gpu = a.gpuType;
+  c.gpusPerNode = a.gpusPerNode;
+  c.nicsPerNode = static_cast<int>(a.nics.size());
+  c.nicGBps = a.nics.empty() ? 0.0 : a.nics.front().bandwidthGBps;
+  c.file = a.name;
+  const std::string why = appliesTo(c, b);
+  return why.empty() ? why : "the topologies are not one kind of node: " + why;
+}
+
 }  // namespace
 
 core::Result<Observations> observationsFrom(const std::vector<NcclTestsLog>& logs, const core::Topology& topo,
                                             const FitOptions& options) {
+  return observationsFrom(logs, std::vector<core::Topology>{topo}, options);
+}
+
+core::Result<Observations> observationsFrom(const std::vector<NcclTestsLog>& logs,
+                                            const std::vector<core::Topology>& topos, const FitOptions& options) {
   Observations out;
+  if (topos.empty()) return core::Diagnostic{"", 0, 0, "no topology to match the logs against"};
+  for (const core::Topology& t : topos) {
+    if (std::string why = sameKind(topos.front(), t); !why.empty()) return core::Diagnostic{"", 0, 0, why};
+  }
+  out.topologies = topos;
+  auto counts = [&] {
+    std::string s;
+    for (const auto& t : topos)
+      s += fmt::format("{}{} has {} ranks on {} node(s)", s.empty() ? "" : "; ", t.name, t.nRanks(), t.nodes);
+    return s;
+  };
   for (const NcclTestsLog& log : logs) {
     for (const LogRun& run : log.runs) {
       const std::string where = fmt::format("{}:{}", log.file, run.line);
@@ -378,17 +416,20 @@ core::Result<Observations> observationsFrom(const std::vector<NcclTestsLog>& log
         continue;
       }
       if (run.ranks == 0) {
-        return core::Diagnostic{
-            log.file, run.line, 0,
-            fmt::format("the run lists no \"#  Rank\" lines, so its rank count is unknown; expected "
-                        "{} ranks on {} nodes ({})",
-                        topo.nRanks(), topo.nodes, topo.name)};
-      }
-      if (run.ranks != topo.nRanks() || run.nodes != topo.nodes) {
         return core::Diagnostic{log.file, run.line, 0,
-                                fmt::format("the log ran on {} ranks on {} node(s); topology {} has {} ranks on {} "
-                                            "node(s): give --topo the cluster the log was measured on",
-                                            run.ranks, run.nodes, topo.name, topo.nRanks(), topo.nodes)};
+                                fmt::format("the run lists no \"#  Rank\" lines, so its rank count is unknown; "
+                                            "expected one of: {}",
+                                            counts())};
+      }
+      int topology = -1;
+      for (std::size_t k = 0; k < topos.size() && topology < 0; ++k) {
+        if (run.ranks == topos[k].nRanks() && run.nodes == topos[k].nodes) topology = static_cast<int>(k);
+      }
+      if (topology < 0) {
+        return core::Diagnostic{log.file, run.line, 0,
+                                fmt::format("the log ran on {} ranks on {} node(s); topology {}: give --topo the "
+                                            "cluster the log was measured on",
+                                            run.ranks, run.nodes, counts())};
       }
       CalibrationSource src;
       src.file = log.file;
@@ -414,6 +455,7 @@ core::Result<Observations> observationsFrom(const std::vector<NcclTestsLog>& log
         o.measuredUs = row.timeUs();
         o.launch = run.graph > 0 ? sim::LaunchMode::Graph : sim::LaunchMode::Host;
         o.ncclVersion = run.ncclVersion;
+        o.topology = topology;
         out.rows.push_back(std::move(o));
         ++src.rows;
       }
@@ -427,9 +469,9 @@ core::Result<Observations> observationsFrom(const std::vector<NcclTestsLog>& log
   return out;
 }
 
-std::vector<Residual> predict(const Observations& obs, const core::Topology& topo, const sim::ModelCalibration& simCal,
+std::vector<Residual> predict(const Observations& obs, const sim::ModelCalibration& simCal,
                               const sim::ModelCalibration& modelCal) {
-  const Predictor p(obs, topo);
+  const Predictor p(obs);
   const sim::ModelCalibration identity;
   std::vector<Residual> out(obs.rows.size());
   parallelFor(obs.rows.size(), static_cast<int>(std::thread::hardware_concurrency()), [&](std::size_t i) {
@@ -483,14 +525,16 @@ ErrorSummary summarize(const std::vector<Residual>& rows, Model which, std::uint
   return s;
 }
 
-Calibration fitCalibration(const Observations& obs, const core::Topology& topo, const FitOptions& options) {
-  const Predictor p(obs, topo);
+Calibration fitCalibration(const Observations& obs, const FitOptions& options) {
+  const Predictor p(obs);
+  static const core::Topology kNone;
+  const core::Topology& topo = obs.topologies.empty() ? kNone : obs.topologies.front();
   Calibration cal;
   cal.gpu = topo.gpuType;
   cal.gpusPerNode = topo.gpusPerNode;
   cal.nicsPerNode = static_cast<int>(topo.nics.size());
   cal.nicGBps = topo.nics.empty() ? 0.0 : topo.nics.front().bandwidthGBps;
-  cal.fittedOn = topo.name;
+  for (const auto& t : obs.topologies) cal.fittedOn += (cal.fittedOn.empty() ? "" : ", ") + t.name;
   cal.sources = obs.sources;
   const int threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
   cal.simulator = fitModel(
@@ -498,7 +542,7 @@ Calibration fitCalibration(const Observations& obs, const core::Topology& topo, 
       threads);
   cal.ncclModel = fitModel(
       obs, [&](std::size_t i, const sim::ModelCalibration& c) { return p.modelRest(i, c); }, options.maxIterations, 1);
-  cal.residuals = predict(obs, topo, cal.simulator.params, cal.ncclModel.params);
+  cal.residuals = predict(obs, cal.simulator.params, cal.ncclModel.params);
   auto fill = [&](ModelFit& f, Model before, Model after) {
     const ErrorSummary b = summarize(cal.residuals, before);
     const ErrorSummary a = summarize(cal.residuals, after);

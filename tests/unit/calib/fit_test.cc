@@ -19,9 +19,10 @@ std::vector<std::uint64_t> sweep(std::uint64_t from, std::uint64_t to, std::uint
   return v;
 }
 
-Observations observe(core::Collective c, const std::vector<std::uint64_t>& sizes, sim::LaunchMode mode,
-                     const std::function<double(std::uint64_t)>& measure) {
+Observations observe(const core::Topology& topo, core::Collective c, const std::vector<std::uint64_t>& sizes,
+                     sim::LaunchMode mode, const std::function<double(std::uint64_t)>& measure) {
   Observations o;
+  o.topologies = {topo};
   int line = 1;
   for (std::uint64_t s : sizes) {
     Observation r;
@@ -57,9 +58,9 @@ TEST(CalibrationFit, RecoversTheNcclModelsTimesAndCarriesThemToMoreNodes) {
                                        sim::LaunchMode::Host);
     };
   };
-  const auto obs =
-      observe(core::Collective::AllReduce, sweep(4, 256u << 20), sim::LaunchMode::Host, measure(sim::ncclTune(*topo)));
-  const Calibration cal = fitCalibration(obs, *topo);
+  const auto obs = observe(*topo, core::Collective::AllReduce, sweep(4, 256u << 20), sim::LaunchMode::Host,
+                           measure(sim::ncclTune(*topo)));
+  const Calibration cal = fitCalibration(obs);
   EXPECT_LT(cal.ncclModel.medianErrorPct, 0.5);
   EXPECT_LT(cal.ncclModel.maxErrorPct, 2.0);
   EXPECT_GT(cal.ncclModel.medianErrorPctBefore, 10.0);
@@ -76,14 +77,52 @@ TEST(CalibrationFit, RecoversTheNcclModelsTimesAndCarriesThemToMoreNodes) {
   // Sixteen nodes: what the truth gives there, within 3 % (median) and 10 % (max). Not exactly: one node count
   // cannot tell a network hop's latency from the fixed latency (both are constant in size), and at 16 nodes there
   // are more hops.
-  const auto far = observe(core::Collective::AllReduce, sweep(4, 256u << 20), sim::LaunchMode::Host,
+  const auto far = observe(*bigger, core::Collective::AllReduce, sweep(4, 256u << 20), sim::LaunchMode::Host,
                            measure(sim::ncclTune(*bigger)));
-  const auto rows = predict(far, *bigger, cal.simulator.params, cal.ncclModel.params);
+  const auto rows = predict(far, cal.simulator.params, cal.ncclModel.params);
   const ErrorSummary there = summarize(rows, Model::NcclModel);
   EXPECT_EQ(there.rows, static_cast<int>(far.rows.size()));
   EXPECT_LT(there.medianPct, 3.0);
   EXPECT_LT(there.maxPct, 10.0);
   EXPECT_GT(summarize(rows, Model::NcclModelBefore).medianPct, 10.0);
+}
+
+// Two node counts tell a network hop's latency from the fixed latency: fitted on 2 and 4 nodes together, the
+// calibration carries to 16 nodes far better than from one node count.
+TEST(CalibrationFit, TwoNodeCountsCarryToSixteenNodes) {
+  std::vector<core::Topology> topos;
+  for (const char* name : {"dgx-a100x2", "dgx-a100x4", "dgx-a100x16"}) {
+    auto t = core::presetTopology(name);
+    ASSERT_TRUE(t.ok());
+    topos.push_back(*t);
+  }
+  sim::ModelCalibration truth;
+  truth.launchHostUs = 15.0;
+  truth.latencyScale = {1.3, 0.7, 1.2};
+  truth.netHopLatencyScale = 2.5;
+  truth.netBandwidthScale = 0.7;
+  auto rowsOn = [&](const core::Topology& t) {
+    const sim::NcclTuning tuning = sim::ncclTune(t);
+    return observe(t, core::Collective::AllReduce, sweep(4, 64u << 20), sim::LaunchMode::Host, [&](auto s) {
+      return sim::calibratedNcclTimeUs(sim::ncclPredict(tuning, core::Collective::AllReduce, s), truth,
+                                       sim::LaunchMode::Host);
+    });
+  };
+  Observations both = rowsOn(topos[0]);
+  Observations four = rowsOn(topos[1]);
+  both.topologies.push_back(topos[1]);
+  for (Observation o : four.rows) {
+    o.topology = 1;
+    both.rows.push_back(o);
+  }
+  const Calibration fromBoth = fitCalibration(both);
+  const Calibration fromFour = fitCalibration(four);
+  EXPECT_EQ(fromBoth.fittedOn, "dgx-a100x2, dgx-a100x4");
+  const Observations far = rowsOn(topos[2]);
+  const double errBoth = summarize(predict(far, {}, fromBoth.ncclModel.params), Model::NcclModel).medianPct;
+  const double errFour = summarize(predict(far, {}, fromFour.ncclModel.params), Model::NcclModel).medianPct;
+  EXPECT_LT(errBoth, 0.5);
+  EXPECT_LT(errBoth, errFour);
 }
 
 // The same for the simulator, on one node with graph launches: the NVLink factor is what moves.
@@ -98,14 +137,14 @@ TEST(CalibrationFit, RecoversTheSimulatorsParameters) {
   truth.nvlinkBandwidthScale = 0.85;
   const sim::NcclTuning tuning = sim::ncclTune(*topo);
   const auto obs =
-      observe(core::Collective::AllGather, sweep(1024, 256u << 20, 2), sim::LaunchMode::Graph, [&](auto s) {
+      observe(*topo, core::Collective::AllGather, sweep(1024, 256u << 20, 2), sim::LaunchMode::Graph, [&](auto s) {
         const sim::NcclPrediction p = sim::ncclPredict(tuning, core::Collective::AllGather, s);
         auto sched = sim::ncclScheduleFor(*topo, core::Collective::AllGather, p);
         sim::SimParams params = sim::ncclSimParams(p, sim::calibratedSimParams(truth, sim::LaunchMode::Graph));
         params.protocol = p.protocol;
         return sim::simulate(*sched, *net, s, params).timeUs;
       });
-  const Calibration cal = fitCalibration(obs, *topo);
+  const Calibration cal = fitCalibration(obs);
   EXPECT_LT(cal.simulator.medianErrorPct, 1.0);
   EXPECT_LT(cal.simulator.maxErrorPct, 3.0);
   EXPECT_GT(cal.simulator.medianErrorPctBefore, 5.0);
@@ -122,9 +161,9 @@ TEST(CalibrationFit, CalibratedTimesStayAboveTheBound) {
   auto topo = core::presetTopology("dgx-a100x2");
   ASSERT_TRUE(topo.ok());
   // Measurements far faster than either model: the fit pushes every factor to its limit.
-  const auto obs = observe(core::Collective::AllReduce, sweep(4, 256u << 20), sim::LaunchMode::Graph,
+  const auto obs = observe(*topo, core::Collective::AllReduce, sweep(4, 256u << 20), sim::LaunchMode::Graph,
                            [](auto s) { return 0.5 + static_cast<double>(s) / 1e6; });
-  const Calibration cal = fitCalibration(obs, *topo);
+  const Calibration cal = fitCalibration(obs);
   const sim::BoundModel bounds(*topo);
   for (const Residual& r : cal.residuals) {
     const double bound = bounds.bound(core::Collective::AllReduce, r.sizeBytes).timeUs;
@@ -174,6 +213,20 @@ TEST(CalibrationFit, RefusesALogOfAnotherCluster) {
   EXPECT_NE(noRanks.error().message.find("Rank"), std::string::npos);
   // 32 ranks on one node is not four nodes of eight either.
   EXPECT_FALSE(observationsFrom({logOf(32, 1)}, *topo).ok());
+  // Several node counts of one kind: each run goes to its own; a kind of node that differs is an error.
+  auto x2 = core::presetTopology("dgx-a100x2");
+  auto h100 = core::presetTopology("dgx-h100x2");
+  ASSERT_TRUE(x2.ok() && h100.ok());
+  auto matched = observationsFrom({logOf(16, 2), logOf(32, 4)}, std::vector<core::Topology>{*topo, *x2});
+  ASSERT_TRUE(matched.ok()) << matched.error().str();
+  EXPECT_EQ(matched->rows.front().topology, 1);
+  EXPECT_EQ(matched->rows.back().topology, 0);
+  auto unmatched = observationsFrom({logOf(64, 8)}, std::vector<core::Topology>{*topo, *x2});
+  ASSERT_FALSE(unmatched.ok());
+  EXPECT_NE(unmatched.error().message.find("dgx-a100x2 has 16 ranks on 2 node(s)"), std::string::npos);
+  auto mixed = observationsFrom({logOf(16, 2)}, std::vector<core::Topology>{*topo, *h100});
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_NE(mixed.error().message.find("not one kind of node"), std::string::npos) << mixed.error().message;
   auto good = observationsFrom({logOf(32, 4, 1)}, *topo);
   ASSERT_TRUE(good.ok()) << good.error().str();
   EXPECT_EQ(good->rows.size(), 3u);
@@ -232,7 +285,7 @@ TEST(CalibrationFit, AbciFourNodesFitsItsOwnRunAndSixteenNodes) {
   if (!std::filesystem::exists(logsDir())) GTEST_SKIP() << "no ../shared/reference/nccl-tests-logs in this checkout";
   const core::Topology x4 = abci(4);
   const Observations in = realObservations("abci-a100x4-allreduce.log", x4);
-  const Calibration cal = fitCalibration(in, x4);
+  const Calibration cal = fitCalibration(in);
   // In-sample: the believed model within 10 % (median), and better than uncalibrated.
   const double inSample = believedMedian(cal.residuals, cal.believe, true);
   EXPECT_LT(inSample, 10.0) << cal.believe;
@@ -243,7 +296,7 @@ TEST(CalibrationFit, AbciFourNodesFitsItsOwnRunAndSixteenNodes) {
   // overall.
   const core::Topology x16 = abci(16);
   const Observations out = realObservations("abci-a100x16-allreduce.log", x16);
-  const auto rows = predict(out, x16, cal.simulator.params, cal.ncclModel.params);
+  const auto rows = predict(out, cal.simulator.params, cal.ncclModel.params);
   EXPECT_LT(believedMedian(rows, cal.believe, true), believedMedian(rows, cal.believe, false));
   EXPECT_LT(believedMedian(rows, cal.believe, true), 10.0);
   // From 16 MiB (only two sizes in this log, both Tree/LL128 where the four-node fit saw Ring/LL128): within 15 %.
@@ -268,7 +321,7 @@ TEST(CalibrationFit, EveryRealLogCalibratesOnItsCluster) {
   for (const Case& c : cases) {
     const Observations obs = realObservations(c.file, c.topo);
     ASSERT_FALSE(obs.rows.empty()) << c.file;
-    const Calibration cal = fitCalibration(obs, c.topo);
+    const Calibration cal = fitCalibration(obs);
     EXPECT_LT(cal.ncclModel.medianErrorPct, cal.ncclModel.medianErrorPctBefore) << c.file;
     EXPECT_LT(std::min(cal.ncclModel.medianErrorPct, cal.simulator.medianErrorPct), 25.0) << c.file;
     if (summarize(cal.residuals, Model::Simulator).rows > 0) {

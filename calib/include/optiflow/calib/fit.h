@@ -27,9 +27,12 @@ struct Observation {
   double measuredUs = 0;
   sim::LaunchMode launch = sim::LaunchMode::Host;
   int ncclVersion = 0;  // 0: the log does not say
+  int topology = 0;     // index into Observations::topologies: the cluster the row was measured on
 };
 
 struct Observations {
+  // One kind of node at one or more node counts: every row names the one its run matched.
+  std::vector<core::Topology> topologies;
   std::vector<Observation> rows;
   std::vector<CalibrationSource> sources;
   std::vector<std::string> notes;  // rows and runs left out, and why
@@ -45,11 +48,16 @@ struct FitOptions {
 // topology's (naming the file and both counts), when a run names no ranks, or when no row is left.
 core::Result<Observations> observationsFrom(const std::vector<NcclTestsLog>& logs, const core::Topology& topo,
                                             const FitOptions& options = {});
+// The same against several node counts of one kind of node (an error when they are not one kind): each run goes to
+// the topology with its rank and node count. Logs of two node counts tell a network hop's latency from the fixed
+// latency, which one node count cannot.
+core::Result<Observations> observationsFrom(const std::vector<NcclTestsLog>& logs,
+                                            const std::vector<core::Topology>& topos, const FitOptions& options = {});
 
 // Both models' predictions of every observation under `cal` (identity parameters give the uncalibrated models), as
 // residual rows; simulatorUs is -1 where NCCL's choice has no schedule (NVLS, PAT, CollNet), and the choice column
 // names it.
-std::vector<Residual> predict(const Observations& obs, const core::Topology& topo, const sim::ModelCalibration& sim,
+std::vector<Residual> predict(const Observations& obs, const sim::ModelCalibration& sim,
                               const sim::ModelCalibration& model);
 
 // Median and maximum |predicted - measured| / measured in percent over the rows with a prediction (>= minSize);
@@ -62,7 +70,7 @@ struct ErrorSummary {
 enum class Model : std::uint8_t { SimulatorBefore, Simulator, NcclModelBefore, NcclModel };
 ErrorSummary summarize(const std::vector<Residual>& rows, Model which, std::uint64_t minSize = 0);
 
-// Fits both models to `obs` on `topo`; the result has sources, both fits, believe and residuals filled in.
-Calibration fitCalibration(const Observations& obs, const core::Topology& topo, const FitOptions& options = {});
+// Fits both models to `obs`; the result has the kind of node, sources, both fits, believe and residuals filled in.
+Calibration fitCalibration(const Observations& obs, const FitOptions& options = {});
 
 }  // namespace optiflow::calib
