@@ -9,9 +9,9 @@
 #include <string_view>
 #include <vector>
 
+#include "optiflow/calib/calibration_file.h"
 #include "optiflow/core/env.h"
 #include "optiflow/core/error.h"
-#include "optiflow/calib/calibration_file.h"
 #include "optiflow/core/topology.h"
 
 #include "optiflow/synth/llm_client.h"
