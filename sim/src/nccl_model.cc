@@ -361,6 +361,16 @@ NcclTuning ncclTune(const Topology& t, const NcclModelOptions& o) {
     NcclGraph nv;
     nv.present = lad[i] * (tu.ppn + 1) <= nb.totalBw + kEps;
     nv.searchChannels = nv.nChannels = tu.ppn;
+    if (net) {
+      // Several nodes: the search pairs each NIC with its own GPU (net.localGpu), one head each, no GPU twice.
+      std::vector<int> heads;
+      for (const auto& nic : t.nics) {
+        if (!nic.gpus.empty() && std::find(heads.begin(), heads.end(), nic.gpus.front()) == heads.end()) {
+          heads.push_back(nic.gpus.front());
+        }
+      }
+      nv.searchChannels = nv.nChannels = std::min(tu.ppn, static_cast<int>(heads.size()));
+    }
     nv.bwIntra = lad[i];
     nv.bwInter = lad[firstSpeedAtMost(lad, nb.totalBw)];
     if (net) nv.bwInter = std::min(nv.bwInter, tu.nicPathBw);  // assumption (NVLSTree only), see header

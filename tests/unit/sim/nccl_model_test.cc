@@ -106,10 +106,11 @@ struct Cell {
   std::string proto;
 };
 
-void checkColumn(const std::string& topo, Collective c, const std::vector<Cell>& cells) {
-  const NcclTuning tu = ncclTune(preset(topo));
+void checkColumn(const std::string& topo, Collective c, const std::vector<Cell>& cells,
+                 const NcclModelOptions& options = {}) {
+  const NcclTuning tu = ncclTune(preset(topo), options);
   for (const auto& cell : cells) {
-    const NcclPrediction p = ncclPredict(tu, c, cell.size);
+    const NcclPrediction p = ncclPredict(tu, c, cell.size, options);
     SCOPED_TRACE(fmt::format("{} {} {}", topo, core::toString(c), core::formatSize(cell.size)));
     ASSERT_TRUE(p.ok()) << p.error;
     if (cell.isTime) {
@@ -199,7 +200,10 @@ TEST(NcclModel, H100OneNodeColumns) {
   EXPECT_EQ(ncclPredict(preset("hgx-h200"), Collective::AllReduce, 64 * kMiB).algorithm, core::Algorithm::Nvls);
 }
 
+// The sheet derived its H100 4 x 8 AllReduce column without NVLSTree: the same column with NVLSTree disallowed.
 TEST(NcclModel, H100FourNodeColumns) {
+  NcclModelOptions sheet;
+  sheet.enableNvlsTree = false;
   checkColumn("dgx-h100x4", Collective::AllReduce,
               {{kKiB, 35.3, true, "Tree", "LL"},
                {kMiB, 80.6, true, "Tree", "LL128"},
@@ -207,7 +211,8 @@ TEST(NcclModel, H100FourNodeColumns) {
                {64 * kMiB, 221, false, "Ring", "LL128"},
                {256 * kMiB, 297, false, "Ring", "Simple"},
                {kGiB, 358, false, "Ring", "Simple"},
-               {8 * kGiB, 381, false, "Ring", "Simple"}});
+               {8 * kGiB, 381, false, "Ring", "Simple"}},
+              sheet);
   checkColumn("dgx-h100x4", Collective::AllGather,
               {{kKiB, 42.7, true, "Ring", "LL"},
                {kMiB, 82.7, true, "Ring", "LL128"},
@@ -216,7 +221,7 @@ TEST(NcclModel, H100FourNodeColumns) {
                {256 * kMiB, 316, false, "", ""},
                {kGiB, 364, false, "", ""},
                {8 * kGiB, 381, false, "", ""}});
-  EXPECT_NEAR(ncclPredict(preset("dgx-h100x4"), Collective::AllReduce, kMiB).busbwGBps, 25, 0.5);
+  EXPECT_NEAR(ncclPredict(preset("dgx-h100x4"), Collective::AllReduce, kMiB, sheet).busbwGBps, 25, 0.5);
   EXPECT_NEAR(ncclPredict(preset("dgx-h100x4"), Collective::AllGather, kMiB).busbwGBps, 12, 0.5);
 }
 
@@ -264,20 +269,42 @@ TEST(NcclModel, PatOneGpuPerNode) {
   }
 }
 
-// NVLSTree is off by default (the sheet's H100 4x8 column is Tree/Ring); opted in, it takes the mid-large range.
-TEST(NcclModel, NvlsTreeOptIn) {
-  const core::Topology t = preset("dgx-h100x4");
+// NVLSTree on several H100 nodes (NCCL's default without SHARP; AllReduce only).
+TEST(NcclModel, NvlsTreeOnSeveralHopperNodes) {
   const int nvlsTree = static_cast<int>(core::Algorithm::NvlsTree);
-  EXPECT_LT(ncclPredict(t, Collective::AllReduce, 256 * kMiB).time[nvlsTree][2], 0);
-  NcclModelOptions on;
-  on.enableNvlsTree = true;
-  const auto p = ncclPredict(t, Collective::AllReduce, 256 * kMiB, on);
+  const core::Topology x4 = preset("dgx-h100x4");
+  const auto p = ncclPredict(x4, Collective::AllReduce, 256 * kMiB);
   EXPECT_EQ(p.algorithm, core::Algorithm::NvlsTree);
-  // 8 x min(40 x 0.85 x 7/8 x 2, 48, 45.5) = 364 busBw; latency 25 + 2 x 2 x 20.9 = 108.6 us.
+  // 8 heads x min(40 x 0.85 x 7/8 x 2, 48, 45.5) = 364 busBw; latency 25 + 2 x 2 x 20.9 = 108.6 us.
   EXPECT_NEAR(p.latency[nvlsTree][2], 108.6, 1e-9);
   EXPECT_NEAR(p.bandwidth[nvlsTree][2], 364.0 * 32 / 62, 1e-9);
-  fmt::print("NVLSTree dgx-h100x4 AR 256MiB busbw {:.1f}\n", p.busbwGBps);
-  EXPECT_EQ(ncclPredict(t, Collective::AllReduce, 4 * kMiB, on).algorithm, core::Algorithm::Tree);
+  EXPECT_EQ(ncclPredict(x4, Collective::AllReduce, 4 * kMiB).algorithm, core::Algorithm::Tree);
+  // At 8 GiB the ring's 381 beats NVLSTree's 364 on four nodes.
+  EXPECT_EQ(ncclPredict(x4, Collective::AllReduce, 8 * kGiB).algorithm, core::Algorithm::Ring);
+  // Two nodes: the tree's inter-node bandwidth counts twice, and the two-node cap is 57.7 per head:
+  // 8 x min(59.5, 96, 57.7) = 461.6 busBw, NVLSTree from the mid sizes to the largest.
+  const core::Topology x2 = preset("dgx-h100x2");
+  for (std::uint64_t size : {64 * kMiB, 256 * kMiB, kGiB, 8 * kGiB}) {
+    const auto q = ncclPredict(x2, Collective::AllReduce, size);
+    EXPECT_EQ(q.algorithm, core::Algorithm::NvlsTree) << core::formatSize(size);
+  }
+  EXPECT_NEAR(ncclPredict(x2, Collective::AllReduce, 8 * kGiB).busbwGBps, 461.6, 1.0);
+  // NVLSTree serves AllReduce only; AllGather / ReduceScatter across nodes stay on the ring (NVLS needs SHARP there).
+  EXPECT_LT(ncclPredict(x2, Collective::AllGather, kGiB).time[nvlsTree][2], 0);
+  EXPECT_EQ(ncclPredict(x2, Collective::AllGather, kGiB).algorithm, core::Algorithm::Ring);
+  // One head per GPU with a NIC: four NICs give four heads, and half the bandwidth.
+  core::Topology four = x2;
+  four.nics.resize(4);
+  for (std::size_t i = 0; i < 4; ++i) four.nics[i].gpus = {static_cast<int>(2 * i), static_cast<int>(2 * i + 1)};
+  ASSERT_TRUE(four.validate().empty());
+  EXPECT_EQ(ncclTune(four).nvls.nChannels, 4);
+  // Disallowed (NCCL_ALGO without it), the entry is unusable; one node never has it.
+  NcclModelOptions off;
+  off.enableNvlsTree = false;
+  EXPECT_LT(ncclPredict(x4, Collective::AllReduce, 256 * kMiB, off).time[nvlsTree][2], 0);
+  EXPECT_LT(ncclPredict(preset("dgx-h100"), Collective::AllReduce, 256 * kMiB).time[nvlsTree][2], 0);
+  // A100 has no NVLS at all.
+  EXPECT_LT(ncclPredict(preset("dgx-a100x2"), Collective::AllReduce, 256 * kMiB).time[nvlsTree][2], 0);
 }
 
 TEST(NcclModel, CostTableMarksUnusableEntries) {
@@ -560,9 +587,11 @@ std::vector<Comparison> compareModelAndSimulator() {
       for (std::uint64_t size : {kMiB, 16 * kMiB, 64 * kMiB, 256 * kMiB, kGiB}) {
         NcclPrediction p = ncclPredict(tu, c, size);
         if (p.algorithm != core::Algorithm::Ring && p.algorithm != core::Algorithm::Tree) {
-          // Not expressible (NVLS): compare NCCL's Ring instead.
+          // Not expressible (NVLS on one node, NVLSTree on several): compare NCCL's Ring instead, or its Ring/Tree
+          // choice where NVLSTree displaced it.
           NcclModelOptions ring;
           ring.algorithms = ncclAlgoBit(core::Algorithm::Ring);
+          if (p.algorithm == core::Algorithm::NvlsTree) ring.algorithms |= ncclAlgoBit(core::Algorithm::Tree);
           p = ncclPredict(tu, c, size, ring);
         }
         NcclScheduleOptions base;

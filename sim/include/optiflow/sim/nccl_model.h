@@ -55,10 +55,11 @@ struct NcclModelOptions {
   std::uint32_t algorithms = kNcclAllAlgos;  // NCCL_ALGO
   std::uint32_t protocols = kNcclAllProtos;  // NCCL_PROTO
   bool enableNvls = true;                    // NCCL_NVLS_ENABLE (NVLS needs Hopper+ and NVSwitch, one node here)
-  // NVLSTree (multi-node NVLS + tree) is off by default: the derived tables for the presets (sections 1.2, 1.11) do
-  // not pick it, and we derived no NVLSTree graph. On, it assumes the NVLS graph (heads = GPUs per node, bwIntra as on
-  // one node) with bwInter = the GPU<->NIC path bandwidth; see docs/nccl-model.md.
-  bool enableNvlsTree = false;
+  // NVLSTree (AllReduce: NVLS inside each node, a tree between nodes), as NCCL enables it on several nodes of
+  // NVLS-capable GPUs (Hopper+, NVSwitch) without SHARP. Its graph: one head per GPU that has a NIC of its own (at
+  // most the GPUs per node), bwIntra as on one node, bwInter the GPU<->NIC path; see docs/nccl-model.md. Off gives the
+  // Ring/Tree-only NCCL of the reference sheet's derived H100 4 x 8 column (NCCL_ALGO without NVLSTree).
+  bool enableNvlsTree = true;
 };
 
 // One graph search result (section 1.1 step 2, 1.2): parallel channels that each sustain bwIntra inside the node and
