@@ -6,7 +6,7 @@ OPTIFLOW := $(BUILD_DIR)/cli/optiflow
 DEMO_DIR := $(BUILD_DIR)/demo
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps configure build test demo bench bench-scale asan tsan clang fuzz format format-check clean package package-test k8s-check
+.PHONY: all deps configure build test demo bench bench-scale calibration-table asan tsan clang fuzz format format-check clean package package-test k8s-check
 
 all: build
 
@@ -66,6 +66,11 @@ bench: build
 # The synthesis table on 8 to 1024 GPUs (docs/synthesis.md); hours above 128 GPUs.
 bench-scale: build
 	@./scripts/synthesis-bench.sh $(BUILD_DIR) scale
+
+# docs/calibration.md's table: optiflow calibrate on the nccl-tests logs in LOGS (in sample and across node counts).
+LOGS ?= ../shared/reference/nccl-tests-logs
+calibration-table: build
+	@./scripts/calibration-table.sh $(BUILD_DIR) $(LOGS)
 
 # The sanitizer build CI runs as well.
 asan:

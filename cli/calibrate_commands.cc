@@ -17,8 +17,7 @@ namespace optiflow::cli {
 
 namespace {
 
-// Where bandwidth dominates: the summaries also give the error from this size up.
-constexpr std::uint64_t kLargeBytes = 16u << 20;
+constexpr std::uint64_t kLargeBytes = calib::kBandwidthBoundBytes;
 
 // Two predictions further apart than this are reported as a disagreement.
 constexpr double kDisagreement = 0.10;
@@ -81,24 +80,70 @@ std::optional<std::optional<calib::Calibration>> calibrationArg(const std::strin
   return std::optional<calib::Calibration>{std::move(c).value()};
 }
 
+std::optional<core::Topology> topologyArg(const std::string& spec, const core::TopologyHints& hints) {
+  std::vector<std::string> notes;
+  auto t = core::loadTopology(spec, hints, &notes);
+  for (const auto& n : notes) fmt::print(stderr, "optiflow: note: {}\n", n);
+  if (!t) {
+    fmt::print(stderr, "optiflow: {}\n", t.error().str());
+    return std::nullopt;
+  }
+  return std::move(t).value();
+}
+
 sim::SimParams simParamsFor(const std::optional<calib::Calibration>& cal, const std::string& launch) {
   const sim::LaunchMode mode = launch == "host" ? sim::LaunchMode::Host : sim::LaunchMode::Graph;
   return sim::calibratedSimParams(cal ? cal->simulator.params : sim::ModelCalibration{}, mode);
 }
 
 int runCalibrate(const CalibrateArgs& a) {
-  std::vector<core::Topology> topos;
-  for (const std::string& name : a.topologies) {
-    auto t = core::loadTopology(name);
-    if (!t) {
-      fmt::print(stderr, "optiflow: {}\n", t.error().str());
+  std::vector<calib::NcclTestsLog> logs;
+  for (const std::string& file : a.logs) {
+    auto log = calib::readNcclTestsLog(file);
+    if (!log) {
+      fmt::print(stderr, "optiflow: {}\n", log.error().str());
       return kExitBadInput;
     }
-    topos.push_back(std::move(t).value());
+    logs.push_back(std::move(log).value());
+  }
+  std::vector<core::Topology> topos;
+  for (const std::string& name : a.topologies) {
+    auto t = topologyArg(name, a.topologyHints);
+    if (!t) return kExitBadInput;
+    topos.push_back(std::move(*t));
   }
   if (topos.empty()) {
     fmt::print(stderr, "optiflow: calibrate needs --topo\n");
     return kExitBadInput;
+  }
+  // One file of one node (NCCL's topology XML describes one) and no --nodes: it stands for each node count the logs
+  // ran on, so one --topo serves logs of 1, 2 and 16 nodes.
+  if (topos.size() == 1 && topos.front().nodes == 1 && a.topologyHints.nodes == 0 &&
+      !core::presetTopology(a.topologies.front()).ok()) {
+    std::vector<int> counts;
+    for (const auto& log : logs) {
+      for (const auto& run : log.runs) {
+        if (run.ranks > 0 && run.ranks % topos.front().gpusPerNode == 0) {
+          counts.push_back(run.ranks / topos.front().gpusPerNode);
+        }
+      }
+    }
+    std::sort(counts.begin(), counts.end());
+    counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
+    if (!counts.empty() && !(counts.size() == 1 && counts.front() == 1)) {
+      topos.clear();
+      for (int n : counts) {
+        core::TopologyHints h = a.topologyHints;
+        h.nodes = n;
+        auto t = core::loadTopology(a.topologies.front(), h);
+        if (!t) {
+          fmt::print(stderr, "optiflow: {}\n", t.error().str());
+          return kExitBadInput;
+        }
+        if (n > 1) t->name = fmt::format("{}x{}", t->name, n);
+        topos.push_back(std::move(t).value());
+      }
+    }
   }
   std::string names;
   int ranks = 0;
@@ -127,15 +172,6 @@ int runCalibrate(const CalibrateArgs& a) {
       if (!c) return kExitBadInput;
       given = std::move(*c);
     }
-  }
-  std::vector<calib::NcclTestsLog> logs;
-  for (const std::string& file : a.logs) {
-    auto log = calib::readNcclTestsLog(file);
-    if (!log) {
-      fmt::print(stderr, "optiflow: {}\n", log.error().str());
-      return kExitBadInput;
-    }
-    logs.push_back(std::move(log).value());
   }
   auto obs = calib::observationsFrom(logs, topos, options);
   if (!obs) {
@@ -260,8 +296,9 @@ int runCalibrate(const CalibrateArgs& a) {
     }
     fmt::print(
         "The two models disagree by more than {:.0f}% at {} of {} size(s); reports believe the {} (lower "
-        "median error on these rows).\n",
-        100 * kDisagreement, disagree, cal.residuals.size(), cal.believe == "simulator" ? "simulator" : "NCCL model");
+        "median error on these rows, overall and from {}).\n",
+        100 * kDisagreement, disagree, cal.residuals.size(), cal.believe == "simulator" ? "simulator" : "NCCL model",
+        core::formatSize(kLargeBytes));
     for (const auto& n : obs->notes) fmt::print("note: {}\n", n);
   }
   if (!a.output.empty()) {

@@ -24,8 +24,9 @@ struct PerfArgs {
   std::string launch = "graph";  // graph | host: the kernel launch the simulator charges
   std::string protocol;          // simulate: force LL | LL128 | Simple (default: the schedule's own)
   bool json = false;
-  bool simulateNccl = false;  // baseline: also time NCCL's own algorithm as a schedule with the simulator
-  std::string calibration;    // CAL.toml (docs/calibration.md); empty: the uncalibrated models
+  bool simulateNccl = false;          // baseline: also time NCCL's own algorithm as a schedule with the simulator
+  std::string calibration;            // CAL.toml (docs/calibration.md); empty: the uncalibrated models
+  core::TopologyHints topologyHints;  // --nodes, --gpu, --nic-gbps (NCCL topology XML)
 };
 
 struct CompileArgs {
@@ -40,6 +41,7 @@ struct CompileArgs {
   int root = 0;
   std::string limits = "msccl";
   std::string calibration;
+  core::TopologyHints topologyHints;  // --nodes, --gpu, --nic-gbps (NCCL topology XML)
 };
 
 struct CompareArgs {
@@ -52,6 +54,7 @@ struct CompareArgs {
   bool json = false;
   bool verbose = false;
   std::string calibration;
+  core::TopologyHints topologyHints;  // --nodes, --gpu, --nic-gbps (NCCL topology XML)
 };
 
 struct SynthArgs {
@@ -75,6 +78,7 @@ struct SynthArgs {
   bool json = false;
   bool quiet = false;
   std::string calibration;
+  core::TopologyHints topologyHints;  // --nodes, --gpu, --nic-gbps (NCCL topology XML)
 };
 
 // `optiflow calibrate LOG... --topo T [--topo T2 ...] [-o CAL.toml]`: fits both models to nccl-tests logs
@@ -86,7 +90,12 @@ struct CalibrateArgs {
   std::string calibration;              // check this calibration against the logs instead of fitting one
   std::string collective;               // only runs of this collective
   bool json = false;
+  core::TopologyHints topologyHints;  // --gpu, --nic-gbps; --nodes (else a one-node file spans the logs' counts)
 };
+
+// --topo with its hints, through core::loadTopology (preset, TOML or NCCL topology XML); prints what was assumed as
+// notes and the error, if any, to stderr.
+std::optional<core::Topology> topologyArg(const std::string& spec, const core::TopologyHints& hints);
 
 // --calibration PATH for `topo`: nullopt (after printing why) when it cannot be read or does not apply; an empty
 // optional when `path` is empty.

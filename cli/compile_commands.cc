@@ -31,21 +31,12 @@ std::optional<std::string> readText(const std::string& path) {
   return ss.str();
 }
 
-std::optional<core::Topology> topologyArg(const std::string& name) {
-  auto t = core::loadTopology(name);
-  if (!t) {
-    fmt::print(stderr, "optiflow: {}\n", t.error().str());
-    return std::nullopt;
-  }
-  return std::move(t).value();
-}
-
 }  // namespace
 
 int runCompile(const CompileArgs& a) {
   auto text = readText(a.program);
   if (!text) return kExitBadInput;
-  auto topo = topologyArg(a.topology);
+  auto topo = topologyArg(a.topology, a.topologyHints);
   if (!topo) return kExitBadInput;
   // A compiled schedule does not depend on a calibration (only its times do); the file is still checked.
   if (!calibrationArg(a.calibration, *topo)) return kExitBadInput;
@@ -93,7 +84,7 @@ int runCompile(const CompileArgs& a) {
 }
 
 int runCompare(const CompareArgs& a) {
-  auto topo = topologyArg(a.topology);
+  auto topo = topologyArg(a.topology, a.topologyHints);
   if (!topo) return kExitBadInput;
   auto sizes = core::parseSizeList(a.sizes);
   if (!sizes) {

@@ -74,12 +74,9 @@ int cmdTopoPresets() {
   return kExitOk;
 }
 
-int cmdTopoShow(const std::string& what, bool json) {
-  auto topo = optiflow::core::loadTopology(what);
-  if (!topo) {
-    fmt::print(stderr, "optiflow: {}\n", topo.error().str());
-    return kExitBadInput;
-  }
+int cmdTopoShow(const std::string& what, const optiflow::core::TopologyHints& hints, bool json) {
+  auto topo = optiflow::cli::topologyArg(what, hints);
+  if (!topo) return kExitBadInput;
   if (json) {
     std::cout << optiflow::core::topologyToJson(*topo).dump(2) << '\n';
   } else {
@@ -209,9 +206,10 @@ int main(int argc, char** argv) {
   auto* show = topo->add_subcommand("show", "Show a preset (e.g. dgx-a100x4) or a TOML topology file");
   std::string topoArg;
   bool topoJson = false;
-  show->add_option("topology", topoArg, "Preset name or path to a .toml file")->required();
+  optiflow::core::TopologyHints showHints;
+  show->add_option("topology", topoArg, "Preset name, TOML topology file or NCCL topology XML")->required();
   show->add_flag("--json", topoJson, "Print JSON");
-  show->callback([&] { rc = (cmdTopoShow(topoArg, topoJson)); });
+  show->callback([&] { rc = (cmdTopoShow(topoArg, showHints, topoJson)); });
 
   std::string file;
   bool json = false;
@@ -258,6 +256,18 @@ int main(int argc, char** argv) {
   fixture->add_option("-o,--output", out, "Output file (default: standard output)");
   fixture->callback([&] { rc = (cmdFixture(coll, ranks, channels, inPlace, format, out)); });
 
+  // What an NCCL topology XML file (--topo) may lack: one set of options for every command that takes --topo.
+  auto addTopologyHints = [](CLI::App* cmd, optiflow::core::TopologyHints& h, bool withNodes) {
+    if (withNodes) {
+      cmd->add_option("--nodes", h.nodes, "Node count of a topology file (NCCL's XML describes one node)")
+          ->check(CLI::Range(1, optiflow::core::Topology::kMaxNodes));
+    }
+    cmd->add_option("--gpu", h.gpuType, "GPU model where an XML file names none (A100, H100, H200, ...)");
+    cmd->add_option("--nic-gbps", h.nicGbps, "NIC speed in Gb/s where an XML file gives none (skeletons)")
+        ->check(CLI::Range(0.001, 1e6));
+  };
+  addTopologyHints(show, showHints, true);
+  static constexpr const char* kTopoHelp = "Preset (e.g. dgx-a100x4), TOML topology file, or NCCL topology XML";
   static constexpr const char* kCalibrationHelp =
       "Calibration of both models (optiflow calibrate; docs/calibration.md)";
   optiflow::cli::CalibrateArgs calArgs;
@@ -266,9 +276,11 @@ int main(int argc, char** argv) {
   calibrate->add_option("logs", calArgs.logs, "nccl-tests logs (text, as printed or pasted, or -J JSON)")->required();
   calibrate
       ->add_option("--topo", calArgs.topologies,
-                   "Preset or TOML topology file of the cluster the logs ran on; once per node count of the logs")
+                   "Preset, TOML or NCCL topology XML file of the cluster the logs ran on; once per node count of "
+                   "the logs (a file of one node serves every count)")
       ->required()
       ->allow_extra_args(false);  // one value per --topo: what follows is a log
+  addTopologyHints(calibrate, calArgs.topologyHints, true);
   calibrate->add_option("-o,--output", calArgs.output, "Calibration file to write (CAL.toml)");
   calibrate->add_option("--calibration", calArgs.calibration,
                         "Check this calibration against the logs instead of fitting one");
@@ -278,8 +290,9 @@ int main(int argc, char** argv) {
   calibrate->callback([&] { rc = optiflow::cli::runCalibrate(calArgs); });
 
   optiflow::cli::PerfArgs perf;
-  auto addPerfOptions = [&perf](CLI::App* cmd, bool withCollective) {
-    cmd->add_option("--topo", perf.topology, "Preset (e.g. dgx-a100x4) or TOML topology file")->required();
+  auto addPerfOptions = [&perf, &addTopologyHints](CLI::App* cmd, bool withCollective) {
+    cmd->add_option("--topo", perf.topology, kTopoHelp)->required();
+    addTopologyHints(cmd, perf.topologyHints, true);
     cmd->add_option("--calibration", perf.calibration, kCalibrationHelp);
     if (withCollective) {
       cmd->add_option("--coll", perf.collective, "Collective")
@@ -309,7 +322,8 @@ int main(int argc, char** argv) {
   optiflow::cli::CompileArgs comp;
   auto* compile = app.add_subcommand("compile", "Compile a program in the OptiFlow language into a verified schedule");
   compile->add_option("program", comp.program, "Program file (.ofl)")->required();
-  compile->add_option("--topo", comp.topology, "Preset (e.g. dgx-a100x4) or TOML topology file")->required();
+  compile->add_option("--topo", comp.topology, kTopoHelp)->required();
+  addTopologyHints(compile, comp.topologyHints, true);
   compile->add_option("--calibration", comp.calibration, kCalibrationHelp);
   compile->add_option("--size", comp.size, "Message size to tune for (nccl-tests convention), e.g. 256MiB");
   compile->add_option("--format", comp.format, "Output format")->check(CLI::IsMember({"json", "msccl-xml"}));
@@ -327,7 +341,8 @@ int main(int argc, char** argv) {
       "compare", "Best of several programs per size against NCCL's choice and the lower bound (simulated)");
   compare->add_option("programs", cmp.programs, "Program files (.ofl); those for other collectives are skipped")
       ->required();
-  compare->add_option("--topo", cmp.topology, "Preset (e.g. dgx-a100x4) or TOML topology file")->required();
+  compare->add_option("--topo", cmp.topology, kTopoHelp)->required();
+  addTopologyHints(compare, cmp.topologyHints, true);
   compare->add_option("--calibration", cmp.calibration, kCalibrationHelp);
   compare->add_option("--coll", cmp.collective, "Collective")
       ->check(CLI::IsMember({"allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall"}));
@@ -342,7 +357,8 @@ int main(int argc, char** argv) {
   optiflow::cli::SynthArgs syn;
   auto* synthesize = app.add_subcommand(
       "synthesize", "Discover schedules round by round (proposer -> compiler -> verifier -> simulator), best per size");
-  synthesize->add_option("--topo", syn.topology, "Preset (e.g. dgx-a100x4) or TOML topology file")->required();
+  synthesize->add_option("--topo", syn.topology, kTopoHelp)->required();
+  addTopologyHints(synthesize, syn.topologyHints, true);
   synthesize->add_option("--calibration", syn.calibration, kCalibrationHelp);
   synthesize->add_option("--coll", syn.collective, "Collective")
       ->check(CLI::IsMember({"allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall"}));

@@ -30,11 +30,8 @@ struct Setup {
 };
 
 std::optional<Setup> prepare(const PerfArgs& a) {
-  auto topo = core::loadTopology(a.topology);
-  if (!topo) {
-    fmt::print(stderr, "optiflow: {}\n", topo.error().str());
-    return std::nullopt;
-  }
+  auto topo = topologyArg(a.topology, a.topologyHints);
+  if (!topo) return std::nullopt;
   auto sizes = core::parseSizeList(a.sizes);
   if (!sizes) {
     fmt::print(stderr, "optiflow: --sizes: {}\n", sizes.error().str());

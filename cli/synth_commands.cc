@@ -149,11 +149,8 @@ nlohmann::json resultJson(const core::Topology& topo, const synth::SynthConfig& 
 
 int runSynthesize(const SynthArgs& a) {
   logToStderr();
-  auto topo = core::loadTopology(a.topology);
-  if (!topo) {
-    fmt::print(stderr, "optiflow: {}\n", topo.error().str());
-    return kExitBadInput;
-  }
+  auto topo = topologyArg(a.topology, a.topologyHints);
+  if (!topo) return kExitBadInput;
   auto sizes = core::parseSizeList(a.sizes);
   if (!sizes) {
     fmt::print(stderr, "optiflow: --sizes: {}\n", sizes.error().str());

@@ -553,8 +553,16 @@ Calibration fitCalibration(const Observations& obs, const FitOptions& options) {
   };
   const ErrorSummary s = fill(cal.simulator, Model::SimulatorBefore, Model::Simulator);
   const ErrorSummary m = fill(cal.ncclModel, Model::NcclModelBefore, Model::NcclModel);
-  // The simulator only where it timed every row the model did; else the model, which has them all.
-  cal.believe = s.rows == m.rows && s.medianPct >= 0 && s.medianPct <= m.medianPct ? "simulator" : "nccl-model";
+  // The simulator only where it timed every row the model did; else the model, which has them all. Between the two,
+  // the one whose worse median (over all rows, or over the bandwidth-bound rows) is smaller: a model can fit the
+  // many latency-bound rows of a log and miss every large size, and large sizes are where schedules differ most.
+  auto worse = [&](const ErrorSummary& all, Model after) {
+    const ErrorSummary large = summarize(cal.residuals, after, kBandwidthBoundBytes);
+    return std::max(all.medianPct, large.rows > 0 ? large.medianPct : 0.0);
+  };
+  const bool simulatorTimesAll = s.rows == m.rows && s.medianPct >= 0;
+  cal.believe =
+      simulatorTimesAll && worse(s, Model::Simulator) <= worse(m, Model::NcclModel) ? "simulator" : "nccl-model";
   return cal;
 }
 

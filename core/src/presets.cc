@@ -2,6 +2,7 @@
 // step when a value changes.
 #include <charconv>
 #include <filesystem>
+#include <fstream>
 #include <system_error>
 
 #include <fmt/format.h>
@@ -118,17 +119,67 @@ Result<Topology> presetTopology(std::string_view name) {
   return build(*s, n, std::string(name));
 }
 
-Result<Topology> loadTopology(std::string_view presetOrPath) {
+namespace {
+
+// The first non-blank byte of the file is '<': NCCL's XML (a TOML topology starts with a key or a comment).
+bool startsLikeXml(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char c = 0;
+  while (in.get(c)) {
+    if (c == ' ' || c == '\t' || c == '\r' || c == '\n') continue;
+    if (static_cast<unsigned char>(c) == 0xEF) {  // a UTF-8 byte order mark
+      in.ignore(2);
+      continue;
+    }
+    return c == '<';
+  }
+  return false;
+}
+
+// hints.nodes on a topology read from a file: the same node, that many times.
+Result<Topology> withNodes(Topology t, int nodes, const std::string& path) {
+  if (nodes <= 0 || nodes == t.nodes) return t;
+  if (nodes > Topology::kMaxNodes) {
+    return Diagnostic{path, 0, 0,
+                      fmt::format("--nodes {} is out of range: expected 1..{}", nodes, Topology::kMaxNodes)};
+  }
+  if (nodes > 1 && t.inter.kind == InterFabricKind::None) {
+    return Diagnostic{path, 0, 0,
+                      fmt::format("--nodes {}: the topology describes no inter-node fabric ([inter] kind = \"none\"), "
+                                  "so it cannot span several nodes",
+                                  nodes)};
+  }
+  t.nodes = nodes;
+  const std::vector<TopologyIssue> issues = t.validate();
+  if (!issues.empty()) return Diagnostic{path, 0, 0, fmt::format("at {} nodes: {}", nodes, issues.front().str())};
+  return t;
+}
+
+}  // namespace
+
+Result<Topology> loadTopology(std::string_view presetOrPath, const TopologyHints& hints,
+                              std::vector<std::string>* notes) {
   Result<Topology> preset = presetTopology(presetOrPath);
-  if (preset.ok()) return preset;
+  if (preset.ok()) {
+    if (hints.nodes <= 0 || hints.nodes == preset->nodes) return preset;
+    if (findSpec(presetOrPath) != nullptr) return presetTopology(fmt::format("{}x{}", presetOrPath, hints.nodes));
+    return Diagnostic{"<preset>", 0, 0,
+                      fmt::format("preset \"{}\" has {} node(s) and --nodes says {}: give one of the two", presetOrPath,
+                                  preset->nodes, hints.nodes)};
+  }
   std::string path(presetOrPath);
   std::error_code ec;
-  if (std::filesystem::exists(path, ec)) return loadTopologyFile(path);
+  if (std::filesystem::exists(path, ec)) {
+    if (!std::filesystem::is_directory(path, ec) && startsLikeXml(path)) return loadNcclTopoXml(path, hints, notes);
+    auto t = loadTopologyFile(path);
+    if (!t) return t;
+    return withNodes(std::move(*t), hints.nodes, path);
+  }
   // Looks like a preset with a bad count: that error is the useful one.
   if (presetPrefix(presetOrPath)) return preset;
   return Diagnostic{path, 0, 0,
                     fmt::format("not a built-in preset ({}, optionally with x<N> for N nodes) and not a readable "
-                                "topology file: no such file",
+                                "topology file (TOML, or NCCL's topology XML): no such file",
                                 presetNames())};
 }
 

@@ -17,7 +17,6 @@
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
-#include "nccl_topo.h"
 #include "optiflow/core/env.h"
 #include "optiflow/core/units.h"
 #include "optiflow/schedcache/error.h"
@@ -556,7 +555,11 @@ namespace {
 core::Result<core::Topology> configuredTopology(const Config& config) {
   if (!config.preset.empty()) return core::presetTopology(config.preset);
   if (!config.topologyFile.empty()) return core::loadTopologyFile(config.topologyFile.string());
-  if (!config.ncclTopoDump.empty()) return readNcclTopoDump(config.ncclTopoDump, config.nodes > 0 ? config.nodes : 1);
+  if (!config.ncclTopoDump.empty()) {
+    core::TopologyHints hints;
+    hints.nodes = config.nodes > 0 ? config.nodes : 1;
+    return core::loadNcclTopoXml(config.ncclTopoDump.string(), hints);
+  }
   return core::Diagnostic{config.file.string(), 0, 0, "[topology]: no source (preset, file or nccl_topo_dump)"};
 }
 

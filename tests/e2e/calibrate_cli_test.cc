@@ -183,6 +183,54 @@ TEST_F(CalibrateCli, WrongInputsAreErrorsThatNameTheFile) {
   EXPECT_EQ(run(fmt::format("calibrate {} --topo dgx-a100x2 --calibration {} -o {}", log, cal, path("x.toml"))).rc, 2);
 }
 
+// NCCL's topology dump of one DGX A100 node: 8 GPUs on NVSwitch (12 NVLinks each), 8 HDR NICs, one per GPU.
+std::string dgxA100Dump() {
+  std::string x = "<system version=\"1\">\n  <cpu numaid=\"0\" arch=\"x86_64\" vendor=\"AuthenticAMD\">\n";
+  for (int g = 0; g < 8; ++g) {
+    x += fmt::format(
+        "    <pci busid=\"0000:{0:02x}:00.0\" class=\"0x060400\" link_speed=\"16.0 GT/s PCIe\" link_width=\"16\">\n"
+        "      <pci busid=\"0000:{1:02x}:00.0\" class=\"0x030200\" vendor=\"0x10de\" device=\"0x20b2\" "
+        "link_speed=\"16.0 GT/s PCIe\" link_width=\"16\">\n"
+        "        <gpu dev=\"{2}\" sm=\"80\" rank=\"{2}\" gdr=\"1\"><nvlink target=\"0000:c4:00.0\" count=\"12\" "
+        "tclass=\"0x068000\"/></gpu>\n"
+        "      </pci>\n"
+        "      <pci busid=\"0000:{3:02x}:00.0\" class=\"0x020700\" link_speed=\"16.0 GT/s PCIe\" link_width=\"16\">\n"
+        "        <nic><net name=\"mlx5_{2}\" dev=\"{2}\" speed=\"200000\" port=\"1\" gdr=\"1\"/></nic>\n"
+        "      </pci>\n"
+        "    </pci>\n",
+        16 * g + 1, 16 * g + 2, g, 16 * g + 3);
+  }
+  return x + "  </cpu>\n</system>\n";
+}
+
+// --topo takes NCCL's topology XML; a one-node file stands for the node count of the log (no --nodes needed).
+TEST_F(CalibrateCli, TopologyXmlOfOneNodeServesTheLogsNodeCount) {
+  const std::string xml = write("dgx.xml", dgxA100Dump());
+  const std::string log = write("x2.log", pastedLog(2));
+  auto r = run(fmt::format("calibrate {} --topo {} --json", log, xml));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("ranks").get<int>(), 16);
+  ASSERT_FALSE(j.at("rows").empty());
+  EXPECT_EQ(j.at("rows")[0].at("topology").get<std::string>(), "dgxx2");
+  // The same file at a node count the log does not have is the usual error naming both counts.
+  auto wrong = run(fmt::format("calibrate {} --topo {} --nodes 4", log, xml));
+  EXPECT_EQ(wrong.rc, 2);
+  EXPECT_NE(wrong.err.find("x2.log"), std::string::npos) << wrong.err;
+  // Other commands read it too, with --nodes.
+  auto base = run(fmt::format("baseline --topo {} --nodes 2 --coll allreduce --sizes 1GiB --json", xml));
+  ASSERT_EQ(base.rc, 0) << base.err;
+  auto preset = run("baseline --topo dgx-a100x2 --coll allreduce --sizes 1GiB --json");
+  ASSERT_EQ(preset.rc, 0) << preset.err;
+  // The dump describes what the preset does, so NCCL's model gives the same time.
+  const auto a = nlohmann::json::parse(base.out).at("rows");
+  const auto b = nlohmann::json::parse(preset.out).at("rows");
+  ASSERT_EQ(a.size(), 1u);
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(a[0].at("algorithm"), b[0].at("algorithm"));
+  EXPECT_NEAR(a[0].at("time_us").get<double>(), b[0].at("time_us").get<double>(), 1e-6) << base.out << preset.out;
+}
+
 // The real logs of ../shared, when this checkout has them: the ABCI four-node run on its topology file.
 TEST_F(CalibrateCli, RealAbciLog) {
   const fs::path logs = fs::path(OPTIFLOW_SOURCE_DIR) / "../shared/reference/nccl-tests-logs";

@@ -103,6 +103,42 @@ TEST_F(Cli, TopologyErrorsNameFileAndLine) {
   EXPECT_FALSE(unknown.err.empty());
 }
 
+// A cloud skeleton for NCCL_TOPO_FILE (GPUs and NICs as PCI ids only): what it lacks comes from flags, or the
+// error names the flag; what was assumed is a note on stderr.
+TEST_F(Cli, TopologySkeletonXmlTakesWhatItLacksFromFlags) {
+  std::string xml = "<system version=\"1\"><cpu numaid=\"0\">";
+  for (int sw = 0; sw < 4; ++sw) {
+    xml += fmt::format("<pci busid=\"ffff:ff:0{}.0\" class=\"0x060400\" link_speed=\"16 GT/s\" link_width=\"16\">", sw);
+    for (int g = 0; g < 2; ++g) {
+      xml += fmt::format("<pci busid=\"0000:{}0:1{}.0\" class=\"0x030200\" vendor=\"0x10de\" device=\"0x2330\"/>",
+                         sw + 1, g);
+    }
+    xml += fmt::format("<pci busid=\"0000:{}0:1b.0\" class=\"0x020000\" vendor=\"0x1d0f\" device=\"0xefa1\"/></pci>",
+                       sw + 1);
+  }
+  xml += "</cpu></system>";
+  const fs::path p = write("p5-like.xml", xml);
+  const CliResult missing = run(fmt::format("topo show {} --nodes 2", p.string()));
+  EXPECT_EQ(missing.rc, 2);
+  EXPECT_NE(missing.err.find("p5-like.xml"), std::string::npos) << missing.err;
+  EXPECT_NE(missing.err.find("--nic-gbps"), std::string::npos) << missing.err;
+  const CliResult r = run(fmt::format("topo show {} --nodes 2 --nic-gbps 400 --json", p.string()));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("note:"), std::string::npos) << r.err;  // 8 SXM H100 without <nvlink>: NVSwitch assumed
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("n_ranks").get<int>(), 16);
+  EXPECT_EQ(j.at("gpu_type").get<std::string>(), "H100");
+  EXPECT_EQ(j.at("nics").size(), 4u);
+  EXPECT_DOUBLE_EQ(j.at("nics")[0].at("bandwidth_gbytes_per_s").get<double>(), 50.0);
+  // Every command that takes --topo reads it the same way.
+  const CliResult bound =
+      run(fmt::format("bound --topo {} --nodes 2 --nic-gbps 400 --coll allgather --sizes 1GiB", p.string()));
+  EXPECT_EQ(bound.rc, 0) << bound.err;
+  const CliResult badGpu = run(fmt::format("topo show {} --gpu TPUv5", p.string()));
+  EXPECT_EQ(badGpu.rc, 2);
+  EXPECT_NE(badGpu.err.find("TPUv5"), std::string::npos) << badGpu.err;
+}
+
 TEST_F(Cli, RingFixturesVerifyAndCheckInBothFormats) {
   for (const char* coll : {"allgather", "reducescatter", "allreduce"}) {
     for (int ranks : {2, 5, 16, 64}) {

@@ -15,7 +15,6 @@
 
 #include <gtest/gtest.h>
 
-#include "../../daemon/src/nccl_topo.h"
 #include "optiflow/daemon/config.h"
 #include "optiflow/daemon/daemon.h"
 #include "optiflow/schedcache/error.h"
@@ -520,78 +519,6 @@ const char* kNvSwitchXml = R"(<system version="1">
   </cpu>
 </system>
 )";
-
-TEST(NcclTopoTest, NvSwitchNodeWithRails) {
-  auto t = parseNcclTopoXml(kNvSwitchXml, "node.xml", 2);
-  ASSERT_TRUE(t.ok()) << t.error().str();
-  EXPECT_EQ(t->gpusPerNode, 4);
-  EXPECT_EQ(t->nodes, 2);
-  EXPECT_EQ(t->gpuType, "A100");
-  EXPECT_EQ(t->intra.kind, core::IntraFabricKind::NvSwitch);
-  EXPECT_DOUBLE_EQ(t->intra.gpuBandwidthGBps, 300);  // 12 NVLink 3 links x 25 GB/s
-  ASSERT_EQ(t->nics.size(), 2u);
-  EXPECT_EQ(t->nics[0].name, "mlx5_0");
-  EXPECT_DOUBLE_EQ(t->nics[0].bandwidthGBps, 25);  // 200000 Mb/s
-  EXPECT_EQ(t->nics[0].gpus, (std::vector<int>{0, 1}));
-  EXPECT_EQ(t->nics[1].gpus, (std::vector<int>{2, 3}));
-  EXPECT_NE(t->inter.kind, core::InterFabricKind::None);
-  EXPECT_TRUE(t->validate().empty());
-}
-
-TEST(NcclTopoTest, MeshAndPcieNodes) {
-  const char* mesh = R"(<system version="1"><cpu numaid="0">
-    <pci busid="0000:01:00.0"><gpu dev="0" sm="70">
-      <nvlink target="0000:02:00.0" count="2" tclass="0x030200"/></gpu></pci>
-    <pci busid="0000:02:00.0"><gpu dev="1" sm="70">
-      <nvlink target="0000:01:00.0" count="2" tclass="0x030200"/></gpu></pci>
-  </cpu></system>)";
-  auto m = parseNcclTopoXml(mesh, "mesh.xml", 1);
-  ASSERT_TRUE(m.ok()) << m.error().str();
-  EXPECT_EQ(m->intra.kind, core::IntraFabricKind::NvLinkMesh);
-  ASSERT_EQ(m->intra.links.size(), 1u);
-  EXPECT_DOUBLE_EQ(m->intra.links[0].bandwidthGBps, 50);
-  EXPECT_EQ(m->gpuType, "V100");
-
-  const char* pcie = R"(<system version="1"><cpu numaid="0">
-    <pci busid="0000:10:00.0" link_speed="8.0 GT/s PCIe" link_width="16">
-      <pci busid="0000:11:00.0" link_speed="8.0 GT/s PCIe" link_width="16"><gpu dev="0" sm="75"/></pci>
-      <pci busid="0000:12:00.0" link_speed="8.0 GT/s PCIe" link_width="16"><gpu dev="1" sm="75"/></pci>
-    </pci>
-    <pci busid="0000:20:00.0" link_speed="16.0 GT/s PCIe" link_width="16"><gpu dev="2" sm="75"/></pci>
-  </cpu></system>)";
-  auto p = parseNcclTopoXml(pcie, "pcie.xml", 1);
-  ASSERT_TRUE(p.ok()) << p.error().str();
-  EXPECT_EQ(p->intra.kind, core::IntraFabricKind::Pcie);
-  ASSERT_EQ(p->intra.switches.size(), 2u);
-  EXPECT_EQ(p->intra.switches[0].gpus, (std::vector<int>{0, 1}));
-  EXPECT_DOUBLE_EQ(p->intra.gpuBandwidthGBps, 12);  // Gen3 x16 in NCCL's units
-  EXPECT_GT(p->intra.hostBandwidthGBps, 0);
-}
-
-TEST(NcclTopoTest, ErrorsNameTheFileAndWhatIsMissing) {
-  auto notXml = parseNcclTopoXml("<system", "a.xml", 1);
-  ASSERT_FALSE(notXml.ok());
-  EXPECT_NE(notXml.error().str().find("a.xml: not an NCCL topology dump"), std::string::npos);
-  auto noSystem = parseNcclTopoXml("<graphs/>", "b.xml", 1);
-  ASSERT_FALSE(noSystem.ok());
-  EXPECT_NE(noSystem.error().str().find("no <system> root element"), std::string::npos);
-  auto noGpu = parseNcclTopoXml("<system version=\"1\"><cpu/></system>", "c.xml", 1);
-  ASSERT_FALSE(noGpu.ok());
-  EXPECT_NE(noGpu.error().str().find("c.xml: no <gpu> element"), std::string::npos);
-  const char* noNet = R"(<system><cpu><pci busid="0000:01:00.0"><gpu dev="0" sm="90"/></pci></cpu></system>)";
-  auto one = parseNcclTopoXml(noNet, "d.xml", 1);
-  ASSERT_TRUE(one.ok()) << one.error().str();
-  auto multi = parseNcclTopoXml(noNet, "d.xml", 2);
-  ASSERT_FALSE(multi.ok());
-  EXPECT_NE(multi.error().str().find("no <net> element"), std::string::npos);
-  const char* noSpeed = R"(<system><cpu><pci busid="0000:01:00.0"><gpu dev="0" sm="90"/></pci>
-    <pci busid="0000:02:00.0"><nic><net name="eth0"/></nic></pci></cpu></system>)";
-  auto speed = parseNcclTopoXml(noSpeed, "e.xml", 1);
-  ASSERT_FALSE(speed.ok());
-  EXPECT_NE(speed.error().str().find("<net name=\"eth0\"> has no speed"), std::string::npos);
-  EXPECT_NE(readNcclTopoDump("/nonexistent/topo.xml", 1).error().str().find("/nonexistent/topo.xml"),
-            std::string::npos);
-}
 
 TEST(NcclTopoTest, ConfigLoadsTheDump) {
   const fs::path dir = fs::temp_directory_path() / ("optiflowd-topo-test-" + std::to_string(::getpid()));

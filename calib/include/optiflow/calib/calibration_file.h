@@ -67,8 +67,9 @@ struct Calibration {
   std::vector<CalibrationSource> sources;
   ModelFit simulator;
   ModelFit ncclModel;
-  // The model with the smaller calibrated median error on the source rows: what reports trust where the two
-  // disagree. "simulator" or "nccl-model".
+  // The model with the smaller calibrated median error on the source rows (the worse of all rows and the rows from
+  // 16 MiB; the simulator only where it times every row): what reports trust where the two disagree. "simulator" or
+  // "nccl-model".
   std::string believe;
   std::vector<Residual> residuals;
 };

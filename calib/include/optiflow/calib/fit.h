@@ -67,6 +67,9 @@ struct ErrorSummary {
   double medianPct = -1;
   double maxPct = -1;
 };
+// From this size nccl-tests rows are bandwidth-bound on every cluster in docs/calibration.md: reports give the
+// error from here up beside the overall one, and `believe` weighs both.
+inline constexpr std::uint64_t kBandwidthBoundBytes = 16u << 20;
 enum class Model : std::uint8_t { SimulatorBefore, Simulator, NcclModelBefore, NcclModel };
 ErrorSummary summarize(const std::vector<Residual>& rows, Model which, std::uint64_t minSize = 0);
 

@@ -147,8 +147,29 @@ struct PresetInfo {
 // The built-in node types; `<name>x<N>` gives N such nodes (e.g. dgx-a100x4 = 32 GPUs), N in [1, 4096].
 std::vector<PresetInfo> presets();
 Result<Topology> presetTopology(std::string_view name);
-// A preset name first, else a TOML file path; the diagnostic names both possibilities when neither works.
-Result<Topology> loadTopology(std::string_view presetOrPath);
+// ---- NCCL topology XML ----
+// What a topology source may lack and the command line (--nodes, --gpu, --nic-gbps) or a config supplies. NCCL's
+// XML describes one node; the skeletons cloud images ship for NCCL_TOPO_FILE have no GPU model and no NIC speed.
+struct TopologyHints {
+  int nodes = 0;        // how many nodes (0: the source's own count; an XML file is one node)
+  std::string gpuType;  // XML: the GPU model (V100, A100, A800, H100, H200, H800, B200); empty: from the file
+  double nicGbps = 0;   // XML: each NIC's speed in Gb/s where the file gives none; 0: from the file
+};
+// NCCL_TOPO_DUMP_FILE dumps and NCCL_TOPO_FILE skeletons (docs/topology.md, "NCCL topology XML"): GPUs from <gpu>
+// elements, else from NVIDIA <pci> elements (the device id gives the model); the intra-node fabric from <nvlink>
+// (NVSwitch, mesh, else PCIe; an 8-GPU SXM board without <nvlink> is an NVSwitch board); NICs from <net>, else from
+// network-class <pci> elements, each serving the GPUs nearest to it in the PCI tree. `notes` (when given) receives
+// what was assumed. Errors name the file, the element and the flag that would supply what is missing.
+Result<Topology> parseNcclTopoXml(std::string_view xml, std::string_view fileName, const TopologyHints& hints,
+                                  std::vector<std::string>* notes = nullptr);
+Result<Topology> loadNcclTopoXml(const std::string& path, const TopologyHints& hints,
+                                 std::vector<std::string>* notes = nullptr);
+
+// The one topology loader of every command: a preset name first, else a file, NCCL XML or our TOML told apart by
+// content; hints.nodes then sets the node count of a file (a preset says it in its name: dgx-a100x4). The diagnostic
+// names every possibility when none works.
+Result<Topology> loadTopology(std::string_view presetOrPath, const TopologyHints& hints = {},
+                              std::vector<std::string>* notes = nullptr);
 
 // ---- output ----
 nlohmann::json topologyToJson(const Topology& t);
