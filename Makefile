@@ -67,8 +67,9 @@ bench: build
 bench-scale: build
 	@./scripts/synthesis-bench.sh $(BUILD_DIR) scale
 
-# docs/calibration.md's table: optiflow calibrate on the nccl-tests logs in LOGS (in sample and across node counts).
-LOGS ?= ../shared/reference/nccl-tests-logs
+# docs/calibration.md's table: optiflow calibrate on the published nccl-tests logs in LOGS=DIR (in sample and across
+# node counts; the files it expects are listed in docs/calibration.md).
+LOGS ?=
 calibration-table: build
 	@./scripts/calibration-table.sh $(BUILD_DIR) $(LOGS)
 

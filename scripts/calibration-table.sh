@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The tables of docs/calibration.md ("Calibrating on your cluster"): `optiflow calibrate` on the nccl-tests logs of
 # real clusters, each fit checked on its own rows (in sample) and on the other node counts of the same cluster.
-# Usage: scripts/calibration-table.sh [BUILD_DIR] [LOGS_DIR]   (make calibration-table)
+# Usage: scripts/calibration-table.sh BUILD_DIR LOGS_DIR   (make calibration-table LOGS=DIR)
+# LOGS_DIR holds the published logs as all_reduce_perf printed them: abci-a100x{1,2,4,16}-allreduce.log (ABCI 2.0
+# A-nodes, aistabci/abci2.0benchmark), p4de-a100x2-allreduce.log (aws-samples/awsome-distributed-training) and
+# dgx-h100x1-allreduce.log (NVIDIA/dgxc-benchmarking).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/default}
-logs=${2:-../shared/reference/nccl-tests-logs}
+logs=${2:-}
 bin="$build/cli/optiflow"
 [[ -x "$bin" ]] || { echo "calibration-table: $bin not built (make build)" >&2; exit 2; }
-[[ -d "$logs" ]] || { echo "calibration-table: no logs directory $logs" >&2; exit 2; }
+[[ -n "$logs" && -d "$logs" ]] || { echo "calibration-table: give the folder of the logs (LOGS=DIR): '$logs' is not one" >&2; exit 2; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
