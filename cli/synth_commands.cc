@@ -2,6 +2,8 @@
 // against NCCL and the bound) and `optiflow report` (an HTML page of a run directory).
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -90,6 +92,9 @@ class ProgressPrinter {
   int rejected_ = 0;
 };
 
+// Two estimates of NCCL's time further apart than this are reported as a disagreement.
+constexpr double kModelsDisagree = 0.10;
+
 void printTable(const core::Topology& topo, const synth::SynthConfig& cfg, const synth::SynthResult& res,
                 const std::string& proposer, const fs::path& dir) {
   int evaluated = 0;
@@ -99,19 +104,48 @@ void printTable(const core::Topology& topo, const synth::SynthConfig& cfg, const
       "stopped: {}\n",
       core::toString(cfg.collective), topo.name, topo.nRanks(), topo.nodes, proposer, res.roundsRun,
       res.roundsRun == 1 ? "" : "s", res.history.size(), evaluated, res.elapsedS, res.stopReason);
-  fmt::print("times simulated; nccl = NCCL's own choice, native = the fastest NCCL algorithm/protocol/channels\n");
-  fmt::print("{:>8} {:>18} {:>9} {:>18} {:>9} {:>28} {:>14} {:>9} {:>8} {:>9} {:>8}\n", "size", "nccl", "nccl_us",
-             "native", "native_us", "best", "config", "best_us", "speedup", "bound_us", "x_bound");
+  fmt::print(
+      "times simulated; nccl = NCCL's own choice, native = the fastest NCCL algorithm/protocol/channels, model_us = "
+      "NCCL's own cost model's time of its choice\n");
+  fmt::print("{:>8} {:>18} {:>9} {:>9} {:>18} {:>9} {:>28} {:>14} {:>9} {:>8} {:>9} {:>8}\n", "size", "nccl", "nccl_us",
+             "model_us", "native", "native_us", "best", "config", "best_us", "speedup", "bound_us", "x_bound");
+  int disagree = 0;
+  int modelOnly = 0;
+  double lo = 0;
+  double hi = 0;
   for (const synth::SizeBest& sb : res.sizes) {
     std::string name = "(none)";
     if (sb.best >= 0) name = res.history[static_cast<std::size_t>(sb.best)].name;
     if (name.size() > 28) name = name.substr(0, 27) + "~";
-    fmt::print("{:>8} {:>18} {:>9} {:>18} {:>9} {:>28} {:>14} {:>9} {:>8} {:>9.2f} {:>8}\n",
+    if (sb.ncclModelUs > 0 && sb.best >= 0) {
+      const double s = sb.ncclModelUs / sb.bestUs;
+      lo = lo == 0 ? s : std::min(lo, s);
+      hi = std::max(hi, s);
+      if (sb.nccl.timeUs <= 0) {
+        ++modelOnly;
+      } else if (std::abs(sb.ncclModelUs - sb.nccl.timeUs) >
+                 kModelsDisagree * std::min(sb.ncclModelUs, sb.nccl.timeUs)) {
+        ++disagree;
+      }
+    }
+    fmt::print("{:>8} {:>18} {:>9} {:>9} {:>18} {:>9} {:>28} {:>14} {:>9} {:>8} {:>9.2f} {:>8}\n",
                core::formatSize(sb.sizeBytes), nativeName(sb.nccl),
-               sb.nccl.timeUs > 0 ? fmt::format("{:.2f}", sb.nccl.timeUs) : "n/a", nativeName(sb.bestNative),
+               sb.nccl.timeUs > 0 ? fmt::format("{:.2f}", sb.nccl.timeUs) : "n/a",
+               sb.ncclModelUs > 0 ? fmt::format("{:.2f}", sb.ncclModelUs) : "n/a", nativeName(sb.bestNative),
                sb.bestNative.timeUs > 0 ? fmt::format("{:.2f}", sb.bestNative.timeUs) : "n/a", name,
                sb.best >= 0 ? sb.config : "-", sb.best >= 0 ? fmt::format("{:.2f}", sb.bestUs) : "n/a",
                ratio(sb.nccl.timeUs, sb.bestUs), sb.boundUs, ratio(sb.bestUs, sb.boundUs));
+  }
+  // Two estimates of NCCL: the speedup column is against the simulated NCCL (the model that timed the schedules too);
+  // where NCCL's own model disagrees, the table says so and gives the speedups against it as well.
+  if (disagree > 0 || modelOnly > 0) {
+    fmt::print(
+        "NCCL's cost model and the simulated NCCL differ by more than {:.0f}% at {} size(s){}; speedup is against the "
+        "simulated NCCL, timed by the same simulator as the schedules (docs/nccl-model.md); against NCCL's own model "
+        "the best is {:.2f}x - {:.2f}x.\n",
+        100 * kModelsDisagree, disagree,
+        modelOnly > 0 ? fmt::format(", and at {} NCCL's choice cannot be simulated (model only)", modelOnly) : "", lo,
+        hi);
   }
   fmt::print("plan, schedules and history in {}\n", dir.string());
 }
@@ -126,6 +160,9 @@ nlohmann::json resultJson(const core::Topology& topo, const synth::SynthConfig& 
                     {"best_time_us", rec ? nlohmann::json(sb.bestUs) : nlohmann::json(nullptr)},
                     {"nccl_time_us", orNull(sb.nccl.timeUs)},
                     {"nccl", nativeName(sb.nccl)},
+                    {"nccl_model_time_us", orNull(sb.ncclModelUs)},
+                    {"speedup_vs_nccl_model",
+                     rec && sb.ncclModelUs > 0 ? nlohmann::json(sb.ncclModelUs / sb.bestUs) : nlohmann::json(nullptr)},
                     {"native_time_us", orNull(sb.bestNative.timeUs)},
                     {"native", nativeName(sb.bestNative)},
                     {"bound_us", sb.boundUs},
@@ -178,6 +215,7 @@ int runSynthesize(const SynthArgs& a) {
   auto cal = calibrationArg(a.calibration, *topo);
   if (!cal) return kExitBadInput;
   cfg.params = simParamsFor(*cal, a.launch);
+  if (*cal) cfg.ncclModel = (*cal)->ncclModel.params;
 
   // Every argument is checked before the run directory is touched, so a wrong flag loses nothing.
   synth::SynthesisSpec spec;

@@ -58,7 +58,10 @@ core::Result<std::optional<int>> WorkLoop::Impl::synthesize(const Workload& w, c
   sc.rounds = cfg.rounds;
   sc.candidatesPerRound = cfg.candidatesPerRound;
   // NCCL-tests graph launches are what the tuner's plans are compared at, as without a calibration.
-  if (cfg.calibration) sc.params = sim::calibratedSimParams(cfg.calibration->simulator.params, sim::LaunchMode::Graph);
+  if (cfg.calibration) {
+    sc.params = sim::calibratedSimParams(cfg.calibration->simulator.params, sim::LaunchMode::Graph);
+    sc.ncclModel = cfg.calibration->ncclModel.params;
+  }
   // No more evaluation threads than the CPU budget has cores: the budget then holds at every instant, not only on
   // average (the gate's token bucket still accounts for the whole process).
   sc.threads = std::max(1, static_cast<int>(std::ceil(cfg.cpuCores)));

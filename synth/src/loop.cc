@@ -64,6 +64,10 @@ void baselines(const core::Topology& topo, const SynthConfig& cfg, Evaluator& ev
     return ev.timeNccl(*s, sb.sizeBytes, params);
   };
   sb.nccl = nativeOf(pred, timeOf(pred, 0));
+  sim::ModelCalibration noLaunch = cfg.ncclModel;
+  noLaunch.launchGraphUs = 0.0;
+  const double modelUs = sim::calibratedNcclTimeUs(pred, noLaunch, sim::LaunchMode::Graph);
+  sb.ncclModelUs = modelUs > 0 ? modelUs + cfg.params.launchUs : 0;
   sb.bestNative = sb.nccl;
   const int maxChannels = std::max({tuning.commChannels, pred.channels, 1});
   for (int a = 0; a < core::kNumAlgorithms; ++a) {

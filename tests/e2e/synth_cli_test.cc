@@ -139,6 +139,10 @@ TEST_F(SynthCli, SynthesizePrintsOneJsonRowPerSize) {
     EXPECT_GE(best, bound * (1 - 1e-9));
     EXPECT_GT(nccl, 0);
     EXPECT_NEAR(row.at("speedup_vs_nccl").get<double>(), nccl / best, 1e-9 * nccl / best);
+    // The second estimate of NCCL: its own cost model, beside the simulated one.
+    const double model = row.at("nccl_model_time_us").get<double>();
+    EXPECT_GT(model, 0);
+    EXPECT_NEAR(row.at("speedup_vs_nccl_model").get<double>(), model / best, 1e-9 * model / best);
     EXPECT_FALSE(row.at("program").get<std::string>().empty());
   }
   // Progress lines on stderr, one per round.
@@ -161,7 +165,7 @@ TEST_F(SynthCli, SynthesizePrintsOneJsonRowPerSize) {
 TEST_F(SynthCli, TableModePrintsAHeaderAndEverySize) {
   const CliResult r = synthesize("--rounds 1 --candidates 4 -q");
   ASSERT_EQ(r.rc, 0) << r.err;
-  for (const char* column : {"size", "nccl_us", "best_us", "speedup", "bound_us", "x_bound"}) {
+  for (const char* column : {"size", "nccl_us", "model_us", "best_us", "speedup", "bound_us", "x_bound"}) {
     EXPECT_TRUE(contains(r.out, column)) << column << "\n" << r.out;
   }
   EXPECT_TRUE(contains(r.out, "4KiB")) << r.out;

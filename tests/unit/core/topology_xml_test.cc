@@ -23,7 +23,6 @@ TopologyHints nodes(int n) {
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-
 const char* kNvSwitchXml = R"(<system version="1">
   <cpu numaid="0" affinity="ffff" arch="x86_64" vendor="AuthenticAMD" familyid="23" modelid="49">
     <pci busid="0000:01:00.0" class="0x060400" link_speed="16.0 GT/s PCIe" link_width="16">
@@ -161,8 +160,7 @@ TEST(NcclTopoTest, SkeletonTakesTheModelFromThePciIdAndTheNicSpeedFromTheHints) 
   TopologyHints h = nodes(2);
   auto missing = parseNcclTopoXml(kSkeleton, "p4d.xml", h);
   ASSERT_FALSE(missing.ok());
-  EXPECT_TRUE(contains(missing.error().str(), "p4d.xml: NIC <pci busid=\"0000:10:1b.0\""))
-      << missing.error().str();
+  EXPECT_TRUE(contains(missing.error().str(), "p4d.xml: NIC <pci busid=\"0000:10:1b.0\"")) << missing.error().str();
   EXPECT_TRUE(contains(missing.error().str(), "--nic-gbps")) << missing.error().str();
 
   h.nicGbps = 100;
@@ -197,8 +195,9 @@ TEST(NcclTopoTest, UnknownGpuNeedsTheGpuHint) {
     unknown.replace(at, 6, "0x9999");
   auto t = parseNcclTopoXml(unknown, "odd.xml", {});
   ASSERT_FALSE(t.ok());
-  EXPECT_TRUE(contains(t.error().str(), "odd.xml: GPU 0 (<pci busid=\"0000:10:1c.0\" vendor=\"0x10de\" "
-                                        "device=\"0x9999\">) has no model"))
+  EXPECT_TRUE(contains(t.error().str(),
+                       "odd.xml: GPU 0 (<pci busid=\"0000:10:1c.0\" vendor=\"0x10de\" "
+                       "device=\"0x9999\">) has no model"))
       << t.error().str();
   EXPECT_TRUE(contains(t.error().str(), "--gpu")) << t.error().str();
   TopologyHints h;
@@ -215,8 +214,9 @@ TEST(NcclTopoTest, UnknownGpuNeedsTheGpuHint) {
 TEST(NcclTopoTest, EightSxmGpusWithoutNvlinksAreAnNvSwitchBoard) {
   std::string eight = "<system version=\"1\"><cpu numaid=\"0\">";
   for (int g = 0; g < 8; ++g) {
-    eight += "<pci busid=\"0000:" + std::to_string(10 + g) +
-             ":00.0\" class=\"0x030200\" vendor=\"0x10de\" device=\"0x2330\" link_speed=\"32 GT/s\" link_width=\"16\"/>";
+    eight +=
+        "<pci busid=\"0000:" + std::to_string(10 + g) +
+        ":00.0\" class=\"0x030200\" vendor=\"0x10de\" device=\"0x2330\" link_speed=\"32 GT/s\" link_width=\"16\"/>";
   }
   eight += "</cpu></system>";
   std::vector<std::string> notes;

@@ -12,6 +12,7 @@
 #include "optiflow/core/collective.h"
 #include "optiflow/core/schedule.h"
 #include "optiflow/core/topology.h"
+#include "optiflow/sim/calibration.h"
 #include "optiflow/sim/nccl_model.h"
 #include "optiflow/sim/simulator.h"
 #include "optiflow/synth/evaluator.h"
@@ -22,13 +23,14 @@ namespace optiflow::synth {
 struct SynthConfig {
   core::Collective collective = core::Collective::AllGather;
   std::vector<std::uint64_t> sizes;
-  int rounds = 8;                       // at most this many rounds
-  double timeBudgetS = 0;               // stop starting new candidates after this long; 0 = no limit
-  int candidatesPerRound = 8;           // asked of the proposer each round
-  int patience = 3;                     // converged after this many rounds without a gain of `minGain` at any size
-  double minGain = 0.005;               // relative
-  int root = 0;                         // Broadcast/Reduce
-  sim::SimParams params;                // the simulator's constants (launch model) for baselines and candidates
+  int rounds = 8;                   // at most this many rounds
+  double timeBudgetS = 0;           // stop starting new candidates after this long; 0 = no limit
+  int candidatesPerRound = 8;       // asked of the proposer each round
+  int patience = 3;                 // converged after this many rounds without a gain of `minGain` at any size
+  double minGain = 0.005;           // relative
+  int root = 0;                     // Broadcast/Reduce
+  sim::SimParams params;            // the simulator's constants (launch model) for baselines and candidates
+  sim::ModelCalibration ncclModel;  // NCCL's own model's calibration (identity: uncalibrated); its launch is params'
   std::vector<CandidateRecord> resume;  // an earlier run's history: its programs are not proposed again
   int threads = 0;  // threads evaluating sizes in parallel; 0 = hardware_concurrency (optiflowd caps it at its budget)
 };
@@ -48,7 +50,10 @@ struct SizeBest {
   double effectiveBoundUs = 0;  // the bound at the simulator's link efficiencies (sim::effectiveTopology)
   NativeChoice nccl;            // NCCL's own choice (its cost model), timed by the simulator
   NativeChoice bestNative;      // the fastest NCCL-native configuration the simulator found (what the tuner sets)
-  int best = -1;                // index into SynthResult::history; -1 when no candidate worked at this size
+  // NCCL's own cost model's time of its choice (calibrated by SynthConfig::ncclModel, the simulator's launch added):
+  // the second estimate of NCCL, shown beside the simulated one; 0 when the model has no choice.
+  double ncclModelUs = 0;
+  int best = -1;  // index into SynthResult::history; -1 when no candidate worked at this size
   double bestUs = 0;
   std::string config;                      // the winner's compile options, e.g. "LL128/2ch/2sl"
   std::optional<core::Schedule> schedule;  // the winner's verified schedule
