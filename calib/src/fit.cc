@@ -232,10 +232,28 @@ ModelFit fitModel(const Observations& obs, Rest rest, int maxIterations, int thr
     if (!used[i]) continue;
     active[obs.rows[i].launch == sim::LaunchMode::Graph ? kLaunchGraph : kLaunchHost] = true;
   }
+  // The bandwidth-bound rows (from kBandwidthBoundBytes) weigh as much together as the latency-bound ones: a log
+  // has many more small sizes, and a fit to them alone may bend a bandwidth factor to mend latency (seen on p4de).
+  std::vector<double> weight(n, 1.0);
+  {
+    std::size_t large = 0;
+    std::size_t small = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (used[i]) ++(obs.rows[i].sizeBytes >= kBandwidthBoundBytes ? large : small);
+    }
+    if (large > 0 && small > large) {
+      const double w = std::sqrt(static_cast<double>(small) / static_cast<double>(large));
+      for (std::size_t i = 0; i < n; ++i) {
+        if (obs.rows[i].sizeBytes >= kBandwidthBoundBytes) weight[i] = w;
+      }
+    }
+  }
   auto residuals = [&](const Vector& v, const std::vector<double>& r, std::vector<double>& out) {
     out.clear();
     for (std::size_t i = 0; i < n; ++i) {
-      if (used[i]) out.push_back(std::log(std::max(1e-9, launchOf(v, i) + r[i]) / obs.rows[i].measuredUs));
+      if (used[i]) {
+        out.push_back(weight[i] * std::log(std::max(1e-9, launchOf(v, i) + r[i]) / obs.rows[i].measuredUs));
+      }
     }
     for (std::size_t k = 0; k < kNumParams; ++k) {
       if (active[k]) out.push_back((v[k] - x0[k]) / (isLaunch(k) ? kPriorLaunchSigmaUs : kPriorLnSigma));
@@ -305,7 +323,7 @@ ModelFit fitModel(const Observations& obs, Rest rest, int maxIterations, int thr
         } else {
           d = column[k][i];
         }
-        jr[j] = d / std::max(1e-9, pred);  // d ln(pred)
+        jr[j] = weight[i] * d / std::max(1e-9, pred);  // d ln(pred), weighted as its residual
       }
       for (std::size_t p = 0; p < m; ++p) {
         g[p] += jr[p] * r[row];

@@ -258,7 +258,11 @@ Schedule ncclTreeAllReduce(const core::Topology& t, const NcclScheduleOptions& o
   }
   for (int c = 0; c < ch; ++c) {
     const std::vector<int>& nodeParent = trees[c % 2];
-    const int head = mod(c / 2, ppn);  // rails rotate over channel pairs
+    // Rails rotate over channel pairs: the pair's head is the first GPU of the next NIC, so every NIC carries trees,
+    // as NCCL's tree search takes each NIC in turn (with a NIC per GPU, GPU c/2; without NICs, the GPUs in turn).
+    const int head = t.nics.empty() || t.nics[0].gpus.empty()
+                         ? mod(c / 2, ppn)
+                         : t.nics[static_cast<std::size_t>(mod(c / 2, static_cast<int>(t.nics.size())))].gpus.front();
     // Chain position j of local GPU l: head first.
     auto localAt = [&](int j) { return mod(head + j, ppn); };
     std::vector<int> parent(static_cast<std::size_t>(n), -1);
