@@ -99,7 +99,10 @@ void printTable(const core::Topology& topo, const synth::SynthConfig& cfg, const
       "stopped: {}\n",
       core::toString(cfg.collective), topo.name, topo.nRanks(), topo.nodes, proposer, res.roundsRun,
       res.roundsRun == 1 ? "" : "s", res.history.size(), evaluated, res.elapsedS, res.stopReason);
-  fmt::print("times simulated; nccl = NCCL's own choice, native = the fastest NCCL algorithm/protocol/channels\n");
+  for (const std::string& note : res.measurementNotes) fmt::print("{}\n", note);
+  fmt::print(
+      "{}; nccl = NCCL's own choice, native = the fastest NCCL algorithm/protocol/channels\n",
+      res.roundsMeasured > 0 ? "best_us measured on hardware where marked *, the rest simulated" : "times simulated");
   fmt::print("{:>8} {:>18} {:>9} {:>18} {:>9} {:>28} {:>14} {:>9} {:>8} {:>9} {:>8}\n", "size", "nccl", "nccl_us",
              "native", "native_us", "best", "config", "best_us", "speedup", "bound_us", "x_bound");
   for (const synth::SizeBest& sb : res.sizes) {
@@ -110,7 +113,8 @@ void printTable(const core::Topology& topo, const synth::SynthConfig& cfg, const
                core::formatSize(sb.sizeBytes), nativeName(sb.nccl),
                sb.nccl.timeUs > 0 ? fmt::format("{:.2f}", sb.nccl.timeUs) : "n/a", nativeName(sb.bestNative),
                sb.bestNative.timeUs > 0 ? fmt::format("{:.2f}", sb.bestNative.timeUs) : "n/a", name,
-               sb.best >= 0 ? sb.config : "-", sb.best >= 0 ? fmt::format("{:.2f}", sb.bestUs) : "n/a",
+               sb.best >= 0 ? sb.config : "-",
+               sb.best >= 0 ? fmt::format("{:.2f}{}", sb.bestUs, sb.measured ? "*" : "") : "n/a",
                ratio(sb.nccl.timeUs, sb.bestUs), sb.boundUs, ratio(sb.bestUs, sb.boundUs));
   }
   fmt::print("plan, schedules and history in {}\n", dir.string());
@@ -136,13 +140,21 @@ nlohmann::json resultJson(const core::Topology& topo, const synth::SynthConfig& 
                     {"program", rec ? nlohmann::json(rec->name) : nlohmann::json(nullptr)},
                     {"program_text", rec ? nlohmann::json(rec->text) : nlohmann::json(nullptr)},
                     {"candidate", rec ? nlohmann::json(rec->id) : nlohmann::json(nullptr)},
-                    {"config", rec ? nlohmann::json(sb.config) : nlohmann::json(nullptr)}});
+                    {"config", rec ? nlohmann::json(sb.config) : nlohmann::json(nullptr)},
+                    {"measured", sb.measured},
+                    {"simulated_us", sb.measured ? nlohmann::json(sb.simulatedUs) : nlohmann::json(nullptr)}});
   }
-  return {{"topology", topo.name},     {"collective", core::toString(cfg.collective)},
-          {"ranks", topo.nRanks()},    {"nodes", topo.nodes},
-          {"rounds", res.roundsRun},   {"candidates", res.history.size()},
-          {"elapsed_s", res.elapsedS}, {"stop_reason", res.stopReason},
-          {"out", dir.string()},       {"rows", std::move(rows)}};
+  return {{"topology", topo.name},
+          {"collective", core::toString(cfg.collective)},
+          {"ranks", topo.nRanks()},
+          {"nodes", topo.nodes},
+          {"rounds", res.roundsRun},
+          {"candidates", res.history.size()},
+          {"elapsed_s", res.elapsedS},
+          {"stop_reason", res.stopReason},
+          {"out", dir.string()},
+          {"rows", std::move(rows)},
+          {"measurement_notes", res.measurementNotes}};
 }
 
 }  // namespace
@@ -187,6 +199,18 @@ int runSynthesize(const SynthArgs& a) {
   spec.proposer = a.proposer;
   spec.seed = a.seed;
   spec.runDir = dir;
+  spec.evaluator = a.evaluator;
+  if (a.evaluator == "hardware") {
+    spec.launcher.command = a.launcher;
+    spec.launcher.timeoutS = a.launcherTimeoutS;
+    if (std::string bad = synth::checkLauncherCommand(a.launcher); !bad.empty()) {
+      fmt::print(stderr, "optiflow: --launcher: {}\n", bad);
+      return kExitBadInput;
+    }
+  } else if (!a.launcher.empty()) {
+    fmt::print(stderr, "optiflow: --launcher needs --evaluator hardware\n");
+    return kExitBadInput;
+  }
   if (a.proposer == "llm") {
     if (a.llmUrl.empty() || a.llmModel.empty()) {
       fmt::print(stderr,

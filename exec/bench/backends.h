@@ -1,5 +1,5 @@
-// optiflow-bench's backends: the CPU one (always built) and the CUDA + NCCL one (built only where CUDA and NCCL
-// were found; see exec/CMakeLists.txt).
+// optiflow-bench's CUDA + NCCL backend (built only where CUDA and NCCL were found; see exec/CMakeLists.txt). The CPU
+// backend is in the library (bench.h).
 #pragma once
 
 #include <memory>
@@ -9,8 +9,6 @@
 #include "optiflow/exec/rendezvous.h"
 
 namespace optiflow::exec {
-
-std::unique_ptr<BenchBackend> makeCpuBackend();
 
 #if OPTIFLOW_BENCH_HAVE_CUDA
 // Joins the run (rendezvous, NCCL communicator) on this process's GPU.

@@ -78,6 +78,29 @@ class CudaBackend : public BenchBackend {
   core::Result<bool> init(const BenchOptions& o, const LaunchInfo& launch) {
     rank_ = launch.rank;
     size_ = launch.size;
+    // The rendezvous first where it needs no GPU (every rank but 0 only receives), so that its errors show on any
+    // machine; rank 0 needs NCCL's id before it can hand it out.
+    const std::string key = !o.rendezvousKey.empty() ? o.rendezvousKey : launch.jobKey;
+    const auto timeout = std::chrono::milliseconds(static_cast<long long>(o.rendezvousTimeoutS * 1000));
+    auto exchange = [&](const Blob& blob) -> core::Result<Blob> {
+      if (!o.rendezvous.empty()) {
+        auto hp = parseHostPort(o.rendezvous);
+        if (!hp) return hp.error();
+        return exchangeOverTcp(*hp, rank_, size_, blob, timeout);
+      }
+      return exchangeOverFile(o.rendezvousDir, key, rank_, blob, timeout);
+    };
+    if (size_ > 1 && o.rendezvous.empty() && o.rendezvousDir.empty()) {
+      return err(
+          fmt::format("{} ranks ({}) need --rendezvous host:port or --rendezvous-dir DIR", size_, launch.source));
+    }
+    ncclUniqueId id{};
+    if (size_ > 1 && rank_ != 0) {
+      auto got = exchange(Blob{});
+      if (!got) return got.error();
+      if (got->size() != sizeof id) return err("the rendezvous handed out an id of the wrong size");
+      std::memcpy(&id, got->data(), sizeof id);
+    }
     int devices = 0;
     if (cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess || devices < 1) {
       return err(fmt::format("no CUDA device: {}", e != cudaSuccess ? cudaText(e) : "0 devices"));
@@ -86,30 +109,15 @@ class CudaBackend : public BenchBackend {
     if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
       return err(fmt::format("cudaSetDevice({}): {}", device_, cudaText(e)));
     }
-    ncclUniqueId id{};
     if (rank_ == 0) {
       if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
         return err(fmt::format("ncclGetUniqueId: {}", ncclGetErrorString(r)));
       }
-    }
-    const std::string key = !o.rendezvousKey.empty() ? o.rendezvousKey : launch.jobKey;
-    if (size_ > 1) {
-      Blob blob(reinterpret_cast<const std::uint8_t*>(&id), reinterpret_cast<const std::uint8_t*>(&id) + sizeof id);
-      const auto timeout = std::chrono::milliseconds(static_cast<long long>(o.rendezvousTimeoutS * 1000));
-      core::Result<Blob> got = Blob{};
-      if (!o.rendezvous.empty()) {
-        auto hp = parseHostPort(o.rendezvous);
-        if (!hp) return hp.error();
-        got = exchangeOverTcp(*hp, rank_, size_, blob, timeout);
-      } else if (!o.rendezvousDir.empty()) {
-        got = exchangeOverFile(o.rendezvousDir, key, rank_, blob, timeout);
-      } else {
-        return err(
-            fmt::format("{} ranks ({}) need --rendezvous host:port or --rendezvous-dir DIR", size_, launch.source));
+      if (size_ > 1) {
+        const Blob blob(reinterpret_cast<const std::uint8_t*>(&id),
+                        reinterpret_cast<const std::uint8_t*>(&id) + sizeof id);
+        if (auto served = exchange(blob); !served) return served.error();
       }
-      if (!got) return got.error();
-      if (got->size() != sizeof id) return err("the rendezvous handed out an id of the wrong size");
-      std::memcpy(&id, got->data(), sizeof id);
     }
     if (ncclResult_t r = ncclCommInitRank(&comm_, size_, id, rank_); r != ncclSuccess) {
       return err(fmt::format("ncclCommInitRank (rank {} of {}): {}", rank_, size_, ncclGetErrorString(r)));

@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
                 << launch->size << " processes (" << launch->source << "); start one\n";
       return 2;
     }
-    backend = exec::makeCpuBackend();
+    backend = exec::makeCpuBenchBackend();
   } else {
 #if OPTIFLOW_BENCH_HAVE_CUDA
     auto cuda = exec::makeCudaBackend(o, *launch);

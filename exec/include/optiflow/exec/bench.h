@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -103,6 +104,9 @@ class BenchBackend {
   virtual core::Result<ModeResult> runNccl(core::Collective c, std::uint64_t bytes, bool inPlace,
                                            const BenchOptions& options) = 0;
 };
+
+// The CPU backend of optiflow-bench (cpu_backend.h): every rank a thread of this process.
+std::unique_ptr<BenchBackend> makeCpuBenchBackend();
 
 // The whole run: every item at every size in every mode it supports, then NCCL's collectives when asked. Errors
 // of one item are in its result (the run goes on); the return value is false when any item failed.

@@ -4,8 +4,8 @@
 
 #include <fmt/format.h>
 
-#include "backends.h"
 #include "optiflow/core/units.h"
+#include "optiflow/exec/bench.h"
 #include "optiflow/exec/cpu_backend.h"
 
 namespace optiflow::exec {
@@ -71,6 +71,6 @@ class CpuBenchBackend : public BenchBackend {
 
 }  // namespace
 
-std::unique_ptr<BenchBackend> makeCpuBackend() { return std::make_unique<CpuBenchBackend>(); }
+std::unique_ptr<BenchBackend> makeCpuBenchBackend() { return std::make_unique<CpuBenchBackend>(); }
 
 }  // namespace optiflow::exec
