@@ -133,6 +133,11 @@ name = "nic0"
 gbps = 100
 latency_us = 3.0
 gpus = [0]
+
+[inter]
+kind = "rail-optimized"
+oversubscription = 1.0
+switch_latency_us = 0.5
 TOML
   for prog in allgather_ring allgather_hier_rail; do
     if ! "$OPTIFLOW_BIN" compile "examples/programs/$prog.ofl" --topo "$TMP/two.toml" --size 1MiB \

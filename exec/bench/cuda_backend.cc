@@ -259,8 +259,9 @@ class CudaBackend : public BenchBackend {
     if (c == core::Collective::ReduceScatter) recvElems = per;
     if (cudaError_t e = send.allocate(sendElems * sizeof(float)); e != cudaSuccess) return err(cudaText(e));
     if (cudaError_t e = recv.allocate(recvElems * sizeof(float)); e != cudaSuccess) return err(cudaText(e));
-    cudaMemset(send.get(), 0, sendElems * sizeof(float));
-    cudaMemset(recv.get(), 0, recvElems * sizeof(float));
+    // On the run's stream: it is non-blocking, so nothing on the legacy default stream orders before it.
+    cudaMemsetAsync(send.get(), 0, sendElems * sizeof(float), stream_);
+    cudaMemsetAsync(recv.get(), 0, recvElems * sizeof(float), stream_);
     // In place as nccl-tests lays it out: the send buffer is this rank's slice of the receive buffer (All-Gather),
     // the receive buffer this rank's slice of the send buffer (Reduce-Scatter), or the same buffer.
     float* sb = send.f();
