@@ -439,6 +439,10 @@ core::Result<std::vector<ItemResult>> parseResultsJson(std::string_view text, st
       if (jr.contains("out_of_place")) row.outOfPlace = modeFromJson(jr["out_of_place"]);
       if (jr.contains("in_place")) row.inPlace = modeFromJson(jr["in_place"]);
       for (const ModeResult* m : {&row.outOfPlace, &row.inPlace}) {
+        if (m->wrong < -1) {
+          return core::Diagnostic{where, 0, 0,
+                                  fmt::format("{}.rows[{}]: wrong must be -1 (not checked) or more", at, k)};
+        }
         if (m->ran && !(std::isfinite(m->timeUs) && m->timeUs > 0)) {
           return core::Diagnostic{where, 0, 0, fmt::format("{}.rows[{}]: time_us must be a positive number", at, k)};
         }
