@@ -61,7 +61,10 @@ struct SynthArgs {
   std::string topology;
   std::string collective = "allgather";
   std::string sizes = "1KiB:1GiB:4";
-  std::string proposer = "builtin";  // builtin | llm
+  std::string proposer = "builtin";     // builtin | llm
+  std::string evaluator = "simulator";  // simulator | hardware
+  std::string launcher;                 // hardware: the command, with {batch} and {out}
+  double launcherTimeoutS = 1800;
   std::string llmUrl;
   std::string llmModel;
   std::string llmApiKeyFile;

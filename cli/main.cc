@@ -367,6 +367,15 @@ int main(int argc, char** argv) {
   synthesize->add_option("--proposer", syn.proposer, "Who writes the programs")
       ->check(CLI::IsMember({"builtin", "llm"}))
       ->capture_default_str();
+  synthesize->add_option("--evaluator", syn.evaluator, "Who times the candidates")
+      ->check(CLI::IsMember({"simulator", "hardware"}))
+      ->capture_default_str();
+  synthesize->add_option("--launcher", syn.launcher,
+                         "--evaluator hardware: command that runs optiflow-bench on each round's batch, with {batch} "
+                         "and {out}, e.g. \"srun -N2 optiflow-bench {batch} --json -o {out} --rendezvous-dir DIR\"");
+  synthesize->add_option("--launcher-timeout", syn.launcherTimeoutS, "Seconds one launch may take before it is killed")
+      ->check(CLI::Range(0.1, 604800.0))
+      ->capture_default_str();
   synthesize->add_option("--llm-url", syn.llmUrl, "OpenAI-compatible base URL, e.g. http://localhost:8000/v1");
   synthesize->add_option("--llm-model", syn.llmModel, "Model name the server knows");
   synthesize->add_option("--llm-api-key-file", syn.llmApiKeyFile,

@@ -104,9 +104,11 @@ void printTable(const core::Topology& topo, const synth::SynthConfig& cfg, const
       "stopped: {}\n",
       core::toString(cfg.collective), topo.name, topo.nRanks(), topo.nodes, proposer, res.roundsRun,
       res.roundsRun == 1 ? "" : "s", res.history.size(), evaluated, res.elapsedS, res.stopReason);
+  for (const std::string& note : res.measurementNotes) fmt::print("{}\n", note);
   fmt::print(
-      "times simulated; nccl = NCCL's own choice, native = the fastest NCCL algorithm/protocol/channels, model_us = "
-      "NCCL's own cost model's time of its choice\n");
+      "{}; nccl = NCCL's own choice, native = the fastest NCCL algorithm/protocol/channels, model_us = NCCL's own "
+      "cost model's time of its choice\n",
+      res.roundsMeasured > 0 ? "best_us measured on hardware where marked *, the rest simulated" : "times simulated");
   fmt::print("{:>8} {:>18} {:>9} {:>9} {:>18} {:>9} {:>28} {:>14} {:>9} {:>8} {:>9} {:>8}\n", "size", "nccl", "nccl_us",
              "model_us", "native", "native_us", "best", "config", "best_us", "speedup", "bound_us", "x_bound");
   int disagree = 0;
@@ -133,7 +135,8 @@ void printTable(const core::Topology& topo, const synth::SynthConfig& cfg, const
                sb.nccl.timeUs > 0 ? fmt::format("{:.2f}", sb.nccl.timeUs) : "n/a",
                sb.ncclModelUs > 0 ? fmt::format("{:.2f}", sb.ncclModelUs) : "n/a", nativeName(sb.bestNative),
                sb.bestNative.timeUs > 0 ? fmt::format("{:.2f}", sb.bestNative.timeUs) : "n/a", name,
-               sb.best >= 0 ? sb.config : "-", sb.best >= 0 ? fmt::format("{:.2f}", sb.bestUs) : "n/a",
+               sb.best >= 0 ? sb.config : "-",
+               sb.best >= 0 ? fmt::format("{:.2f}{}", sb.bestUs, sb.measured ? "*" : "") : "n/a",
                ratio(sb.nccl.timeUs, sb.bestUs), sb.boundUs, ratio(sb.bestUs, sb.boundUs));
   }
   // Two estimates of NCCL: the speedup column is against the simulated NCCL (the model that timed the schedules too);
@@ -173,13 +176,21 @@ nlohmann::json resultJson(const core::Topology& topo, const synth::SynthConfig& 
                     {"program", rec ? nlohmann::json(rec->name) : nlohmann::json(nullptr)},
                     {"program_text", rec ? nlohmann::json(rec->text) : nlohmann::json(nullptr)},
                     {"candidate", rec ? nlohmann::json(rec->id) : nlohmann::json(nullptr)},
-                    {"config", rec ? nlohmann::json(sb.config) : nlohmann::json(nullptr)}});
+                    {"config", rec ? nlohmann::json(sb.config) : nlohmann::json(nullptr)},
+                    {"measured", sb.measured},
+                    {"simulated_us", sb.measured ? nlohmann::json(sb.simulatedUs) : nlohmann::json(nullptr)}});
   }
-  return {{"topology", topo.name},     {"collective", core::toString(cfg.collective)},
-          {"ranks", topo.nRanks()},    {"nodes", topo.nodes},
-          {"rounds", res.roundsRun},   {"candidates", res.history.size()},
-          {"elapsed_s", res.elapsedS}, {"stop_reason", res.stopReason},
-          {"out", dir.string()},       {"rows", std::move(rows)}};
+  return {{"topology", topo.name},
+          {"collective", core::toString(cfg.collective)},
+          {"ranks", topo.nRanks()},
+          {"nodes", topo.nodes},
+          {"rounds", res.roundsRun},
+          {"candidates", res.history.size()},
+          {"elapsed_s", res.elapsedS},
+          {"stop_reason", res.stopReason},
+          {"out", dir.string()},
+          {"rows", std::move(rows)},
+          {"measurement_notes", res.measurementNotes}};
 }
 
 }  // namespace
@@ -222,6 +233,18 @@ int runSynthesize(const SynthArgs& a) {
   spec.proposer = a.proposer;
   spec.seed = a.seed;
   spec.runDir = dir;
+  spec.evaluator = a.evaluator;
+  if (a.evaluator == "hardware") {
+    spec.launcher.command = a.launcher;
+    spec.launcher.timeoutS = a.launcherTimeoutS;
+    if (std::string bad = synth::checkLauncherCommand(a.launcher); !bad.empty()) {
+      fmt::print(stderr, "optiflow: --launcher: {}\n", bad);
+      return kExitBadInput;
+    }
+  } else if (!a.launcher.empty()) {
+    fmt::print(stderr, "optiflow: --launcher needs --evaluator hardware\n");
+    return kExitBadInput;
+  }
   if (a.proposer == "llm") {
     if (a.llmUrl.empty() || a.llmModel.empty()) {
       fmt::print(stderr,

@@ -43,48 +43,7 @@ std::uint64_t splitmix64(std::uint64_t x) {
   return x ^ (x >> 31U);
 }
 
-// Input element values: integers in [1, range], range a power of two with nRanks * range <= 2^24, so every
-// partial sum of distinct contributions is an integer float32 represents exactly, whatever the order.
-class InputValues {
- public:
-  InputValues(std::uint64_t seed, const Schedule& s, int elementsPerChunk)
-      : seed_(splitmix64(seed)), epc_(static_cast<std::size_t>(elementsPerChunk)) {
-    range_ = 1U << 16U;
-    while (range_ > 1 && static_cast<std::uint64_t>(range_) * static_cast<std::uint64_t>(s.nRanks) > (1ULL << 24U)) {
-      range_ >>= 1U;
-    }
-    // Tabulated once: the output check reads every input element once per rank that needs it.
-    for (int r = 0; r < s.nRanks; ++r) {
-      offsets_.push_back(table_.size());
-      chunks_.push_back(core::logicalSizes(s, r).input);
-      for (int c = 0; c < chunks_.back(); ++c) {
-        for (std::size_t e = 0; e < epc_; ++e) table_.push_back(compute(r, c, e));
-      }
-    }
-  }
-
-  float at(int rank, int chunk, std::size_t element) const {
-    if (rank >= 0 && rank < static_cast<int>(chunks_.size()) && chunk >= 0 && chunk < chunks_[rank]) {
-      return table_[offsets_[rank] + static_cast<std::size_t>(chunk) * epc_ + element];
-    }
-    return compute(rank, chunk, element);
-  }
-
- private:
-  float compute(int rank, int chunk, std::size_t element) const {
-    std::uint64_t h = splitmix64(seed_ ^ static_cast<std::uint64_t>(rank));
-    h = splitmix64(h ^ (static_cast<std::uint64_t>(chunk) << 20U));
-    h = splitmix64(h ^ static_cast<std::uint64_t>(element));
-    return static_cast<float>(1 + h % range_);
-  }
-
-  std::uint64_t seed_;
-  std::size_t epc_;
-  std::uint32_t range_;
-  std::vector<float> table_;
-  std::vector<std::size_t> offsets_;
-  std::vector<int> chunks_;
-};
+using InputValues = ReferenceInputs;
 
 std::string where(int rank, int tbId, int step, StepOp op) {
   return fmt::format("rank {} tb {} step {} ({})", rank, tbId, step, core::toString(op));
@@ -637,43 +596,9 @@ class Run {
   }
 
   void compare(CheckReport& report) {
-    // Many output chunks share their terms (every rank's chunk o of an All-Reduce): compute each sum once.
-    std::map<std::vector<core::Contribution>, std::vector<float>> sums;
-    for (int r = 0; r < s_.nRanks; ++r) {
-      const int outputs = core::logicalSizes(s_, r).output;
-      for (int o = 0; o < outputs; ++o) {
-        core::Expected e = core::expectedOutput(s_, r, o);
-        if (!e.constrained) continue;
-        auto [it, inserted] = sums.try_emplace(std::move(e.terms));
-        std::vector<float>& expected = it->second;
-        if (inserted) {
-          expected.resize(epc_);
-          for (std::size_t el = 0; el < epc_; ++el) {
-            double sum = 0;  // exact: the inputs are small integers
-            for (const core::Contribution& c : it->first) sum += values_.at(c.rank, c.index, el);
-            expected[el] = static_cast<float>(sum);
-          }
-        }
-        const float* actual = chunk(r, BufferKind::Output, o);
-        Mismatch m;
-        for (std::size_t el = 0; el < epc_; ++el) {
-          if (std::bit_cast<std::uint32_t>(expected[el]) == std::bit_cast<std::uint32_t>(actual[el])) continue;
-          if (m.differing++ == 0) {
-            m.element = static_cast<int>(el);
-            m.expected = expected[el];
-            m.actual = actual[el];
-          }
-        }
-        if (m.differing == 0) continue;
-        ++report.mismatchCount;
-        if (report.mismatches.size() < opt_.maxMismatches) {
-          m.mode = mode_;
-          m.rank = r;
-          m.outputIndex = o;
-          report.mismatches.push_back(m);
-        }
-      }
-    }
+    compareOutputs(
+        s_, mode_, values_, [this](int r, int o) -> const float* { return chunk(r, BufferKind::Output, o); },
+        opt_.maxMismatches, report);
   }
 
   const Schedule& s_;
@@ -694,6 +619,82 @@ class Run {
 };
 
 }  // namespace
+
+ReferenceInputs::ReferenceInputs(const Schedule& s, std::uint64_t seed, int elementsPerChunk)
+    : seed_(splitmix64(seed)), epc_(static_cast<std::size_t>(std::max(elementsPerChunk, 1))) {
+  range_ = 1U << 16U;
+  while (range_ > 1 && static_cast<std::uint64_t>(range_) * static_cast<std::uint64_t>(s.nRanks) > (1ULL << 24U)) {
+    range_ >>= 1U;
+  }
+  // Tabulated once: the output check reads every input element once per rank that needs it.
+  for (int r = 0; r < s.nRanks; ++r) {
+    offsets_.push_back(table_.size());
+    chunks_.push_back(core::logicalSizes(s, r).input);
+    for (int c = 0; c < chunks_.back(); ++c) {
+      for (std::size_t e = 0; e < epc_; ++e) table_.push_back(compute(r, c, e));
+    }
+  }
+}
+
+float ReferenceInputs::at(int rank, int chunk, std::size_t element) const {
+  if (rank >= 0 && rank < static_cast<int>(chunks_.size()) && chunk >= 0 && chunk < chunks_[rank]) {
+    return table_[offsets_[rank] + static_cast<std::size_t>(chunk) * epc_ + element];
+  }
+  return compute(rank, chunk, element);
+}
+
+float ReferenceInputs::compute(int rank, int chunk, std::size_t element) const {
+  std::uint64_t h = splitmix64(seed_ ^ static_cast<std::uint64_t>(rank));
+  h = splitmix64(h ^ (static_cast<std::uint64_t>(chunk) << 20U));
+  h = splitmix64(h ^ static_cast<std::uint64_t>(element));
+  return static_cast<float>(1 + h % range_);
+}
+
+float poisonValue() { return poison(); }
+
+void compareOutputs(const Schedule& s, BufferMode mode, const ReferenceInputs& inputs,
+                    const std::function<const float*(int rank, int outputIndex)>& outputChunk,
+                    std::size_t maxMismatches, CheckReport& report) {
+  const std::size_t epc = static_cast<std::size_t>(inputs.elementsPerChunk());
+  // Many output chunks share their terms (every rank's chunk o of an All-Reduce): compute each sum once.
+  std::map<std::vector<core::Contribution>, std::vector<float>> sums;
+  for (int r = 0; r < s.nRanks; ++r) {
+    const int outputs = core::logicalSizes(s, r).output;
+    for (int o = 0; o < outputs; ++o) {
+      core::Expected e = core::expectedOutput(s, r, o);
+      if (!e.constrained) continue;
+      auto [it, inserted] = sums.try_emplace(std::move(e.terms));
+      std::vector<float>& expected = it->second;
+      if (inserted) {
+        expected.resize(epc);
+        for (std::size_t el = 0; el < epc; ++el) {
+          double sum = 0;  // exact: the inputs are small integers
+          for (const core::Contribution& c : it->first) sum += inputs.at(c.rank, c.index, el);
+          expected[el] = static_cast<float>(sum);
+        }
+      }
+      const float* actual = outputChunk(r, o);
+      if (actual == nullptr) continue;  // a rank this process does not hold
+      Mismatch m;
+      for (std::size_t el = 0; el < epc; ++el) {
+        if (std::bit_cast<std::uint32_t>(expected[el]) == std::bit_cast<std::uint32_t>(actual[el])) continue;
+        if (m.differing++ == 0) {
+          m.element = static_cast<int>(el);
+          m.expected = expected[el];
+          m.actual = actual[el];
+        }
+      }
+      if (m.differing == 0) continue;
+      ++report.mismatchCount;
+      if (report.mismatches.size() < maxMismatches) {
+        m.mode = mode;
+        m.rank = r;
+        m.outputIndex = o;
+        report.mismatches.push_back(m);
+      }
+    }
+  }
+}
 
 std::string_view toString(ErrorKind k) {
   switch (k) {
@@ -750,7 +751,7 @@ CheckReport runReference(const core::Schedule& schedule, const CheckOptions& opt
     report.errorKinds.push_back(e.kind);
   }
   if (!report.errors.empty()) return finish();
-  const InputValues values(options.seed, schedule, options.elementsPerChunk);
+  const InputValues values(schedule, options.seed, options.elementsPerChunk);
   for (BufferMode m : modes) {
     try {
       Run run(schedule, plan, options, m, values);

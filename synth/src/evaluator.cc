@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "optiflow/synth/launcher.h"
+
 namespace optiflow::synth {
 
 namespace {
@@ -135,14 +137,38 @@ Evaluation evaluateBest(const core::IntentProgram& intent, const core::Topology&
   return SimEvaluator(topology, params).evaluate(intent, sizeBytes, EvalHint{});
 }
 
-Evaluation HardwareEvaluator::evaluate(const core::IntentProgram&, std::uint64_t, const EvalHint&) {
-  Evaluation e;
-  e.error =
-      "no hardware runner is built in: measuring a schedule needs an executor for it (MSCCL-enabled NCCL or "
-      "MSCCL++) on GPUs; use the simulator";
-  return e;
+std::string checkLauncherCommand(const std::string& command) {
+  if (command.find_first_not_of(" \t") == std::string::npos) return "the launcher command is empty";
+  if (command.find("{batch}") == std::string::npos || command.find("{out}") == std::string::npos) {
+    return fmt::format(
+        "the launcher command \"{}\" must contain {{batch}} (the directory of schedules) and {{out}} "
+        "(the results file), e.g. \"srun -N2 --ntasks-per-node=8 optiflow-bench {{batch}} --json -o "
+        "{{out}} --rendezvous-dir $HOME/.rdv\"",
+        command);
+  }
+  return {};
 }
 
-double HardwareEvaluator::timeNccl(const core::Schedule&, std::uint64_t, const sim::SimParams&) { return 0; }
+HardwareEvaluator::HardwareEvaluator(const core::Topology& topology, sim::SimParams params, LauncherConfig launcher)
+    : sim_(topology, std::move(params)), launcher_(std::move(launcher)) {}
+
+Evaluation HardwareEvaluator::evaluate(const core::IntentProgram& intent, std::uint64_t sizeBytes,
+                                       const EvalHint& hint) {
+  return sim_.evaluate(intent, sizeBytes, hint);
+}
+
+double HardwareEvaluator::timeNccl(const core::Schedule& schedule, std::uint64_t sizeBytes,
+                                   const sim::SimParams& params) {
+  return sim_.timeNccl(schedule, sizeBytes, params);
+}
+
+double HardwareEvaluator::boundNccl(const core::Schedule& schedule, std::uint64_t sizeBytes,
+                                    const sim::SimParams& params) {
+  return sim_.boundNccl(schedule, sizeBytes, params);
+}
+
+RoundMeasurement HardwareEvaluator::measureRound(int round, const std::vector<MeasureItem>& items) {
+  return measureWithLauncher(launcher_, round, items);
+}
 
 }  // namespace optiflow::synth

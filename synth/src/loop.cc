@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "optiflow/compiler/verifier.h"
 #include "optiflow/core/schedule.h"
 #include "optiflow/core/units.h"
 #include "optiflow/dsl/parser.h"
@@ -143,15 +144,36 @@ class Loop {
       emit({ProgressEvent::Kind::RoundStart, round, 0, static_cast<int>(cands.size())});
       bool improved = false;
       bool timeUp = false;
+      // A measuring evaluator: the round's records are announced (and written to the history) once measured.
+      const bool measuring = ev_.measuresRounds();
+      std::vector<std::pair<int, std::size_t>> pending;  // (candidate index in the round, history index)
+      auto announce = [&] {
+        for (const auto& [k, h] : pending) {
+          emit({ProgressEvent::Kind::Candidate, round, k, static_cast<int>(cands.size()), &res_.history[h]});
+        }
+        pending.clear();
+      };
       for (std::size_t k = 0; k < cands.size(); ++k) {
         if (outOfTime()) {
           timeUp = true;
           break;
         }
         improved |= evaluateCandidate(round, static_cast<int>(k), cands[k]);
-        emit({ProgressEvent::Kind::Candidate, round, static_cast<int>(k), static_cast<int>(cands.size()),
-              &res_.history.back()});
-        if (stopRequested()) return finish();
+        if (measuring) {
+          pending.emplace_back(static_cast<int>(k), res_.history.size() - 1);
+        } else {
+          emit({ProgressEvent::Kind::Candidate, round, static_cast<int>(k), static_cast<int>(cands.size()),
+                &res_.history.back()});
+        }
+        if (stopRequested()) {
+          unmeasured(round, "the run stopped before the round was measured");
+          announce();
+          return finish();
+        }
+      }
+      if (measuring) {
+        improved |= measureRound(round);
+        announce();
       }
       ++res_.roundsRun;
       emit({ProgressEvent::Kind::RoundEnd, round, static_cast<int>(cands.size()), static_cast<int>(cands.size())});
@@ -275,6 +297,8 @@ class Loop {
           fmt::format("internal error: predicted {:.2f} us, below the lower bound {:.2f} us", e.timeUs, sb.boundUs);
       return false;
     }
+    // A measured best ranks above any predicted time: only a measurement (measureRound) replaces it.
+    if (sb.measured) return false;
     if (sb.best >= 0 && e.timeUs >= sb.bestUs * (1 - 1e-9)) return false;
     prove(e);
     if (!e.ok) {
@@ -328,7 +352,8 @@ class Loop {
       hints[s].verify = false;
       if (sb.best >= 0) {
         hints[s].first = incumbentOptions_[s];
-        hints[s].pruneAboveUs = sb.bestUs * kScreenMargin;
+        // The screens compare simulated times: a measured best's own simulated time.
+        hints[s].pruneAboveUs = (sb.measured ? sb.simulatedUs : sb.bestUs) * kScreenMargin;
       }
     }
     // The sizes of one candidate in parallel: each depends only on the state before the candidate, so the result
@@ -354,12 +379,104 @@ class Loop {
         sr.bottleneck = e.bottleneck;
       }
       const compiler::CompileOptions opts = e.options;
+      // What the round measures: every schedule that passed the screens (a full search, not cut short).
+      if (ev_.measuresRounds() && e.ok && !e.boundOnly && !e.screened && e.compiled) {
+        roundItems_.push_back({index, s, configOf(e.options, e), e.compiled->schedule});
+      }
       if (offer(index, s, e, sr)) improved = true;
       if (res_.sizes[s].best == index) incumbentOptions_[s] = opts;
     }
     res_.history.push_back(std::move(rec));
     return improved;
   }
+
+  // A round without a measurement: every schedule it would have measured keeps its simulated time, marked so.
+  void unmeasured(int round, const std::string& why) {
+    for (const RoundItem& it : roundItems_) {
+      res_.history[static_cast<std::size_t>(it.record)].sizes[it.size].measureError = why;
+    }
+    if (!roundItems_.empty()) {
+      res_.measurementNotes.push_back(
+          fmt::format("round {}: no measurement ({}); the simulator's times stand", round, why));
+    }
+    roundItems_.clear();
+  }
+
+  // Measures the round's screened schedules (the evaluator launches them as one batch) and takes the measured
+  // times: a measured best ranks above every predicted one. Returns whether a size's best improved by minGain.
+  bool measureRound(int round) {
+    std::vector<RoundItem> items = std::move(roundItems_);
+    roundItems_.clear();
+    if (items.empty()) {
+      res_.measurementNotes.push_back(
+          fmt::format("round {}: nothing to measure (no schedule passed the screens)", round));
+      return false;
+    }
+    std::vector<MeasureItem> batch;
+    std::vector<std::size_t> batched;  // index into items
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      RoundItem& it = items[i];
+      SizeResult& sr = res_.history[static_cast<std::size_t>(it.record)].sizes[it.size];
+      // Nothing unproven runs on hardware (a wrong schedule can hang a real communicator).
+      const compiler::VerifyReport proof = compiler::verify(it.schedule);
+      if (!proof.proven) {
+        sr.measureError = "not measured: the verifier did not prove the schedule: " +
+                          (proof.errors.empty() ? std::string("?") : proof.errors[0].str());
+        continue;
+      }
+      batch.push_back({fmt::format("{}-{}", res_.history[static_cast<std::size_t>(it.record)].id,
+                                   core::formatSize(cfg_.sizes[it.size])),
+                       it.schedule, cfg_.sizes[it.size]});
+      batched.push_back(i);
+    }
+    if (batch.empty()) {
+      res_.measurementNotes.push_back(fmt::format("round {}: nothing to measure (no schedule was proven)", round));
+      return false;
+    }
+    const RoundMeasurement m = ev_.measureRound(round, batch);
+    if (!m.error.empty() || m.timeUs.size() != batch.size()) {
+      const std::string why = m.error.empty() ? std::string("the evaluator returned no times") : m.error;
+      spdlog::error("round {}: no measurement: {}", round, why);
+      roundItems_ = std::move(items);
+      unmeasured(round, why);
+      return false;
+    }
+    ++res_.roundsMeasured;
+    bool improved = false;
+    int measured = 0;
+    for (std::size_t b = 0; b < batch.size(); ++b) {
+      RoundItem& it = items[batched[b]];
+      SizeResult& sr = res_.history[static_cast<std::size_t>(it.record)].sizes[it.size];
+      if (!m.timeUs[b]) {
+        sr.measureError = b < m.itemErrors.size() && !m.itemErrors[b].empty() ? m.itemErrors[b] : "not measured";
+        continue;
+      }
+      ++measured;
+      sr.simulatedUs = sr.timeUs;
+      sr.timeUs = *m.timeUs[b];
+      sr.measured = true;
+      SizeBest& sb = res_.sizes[it.size];
+      if (sb.measured && sr.timeUs >= sb.bestUs * (1 - 1e-9)) continue;
+      improved |= !sb.measured || sr.timeUs < sb.bestUs * (1 - cfg_.minGain);
+      sb.best = it.record;
+      sb.bestUs = sr.timeUs;
+      sb.simulatedUs = sr.simulatedUs;
+      sb.measured = true;
+      sb.config = it.config;
+      sb.schedule = std::move(it.schedule);
+    }
+    res_.measurementNotes.push_back(
+        fmt::format("round {}: measured {} of {} schedules on hardware", round, measured, batch.size()));
+    return improved;
+  }
+
+  struct RoundItem {
+    int record = 0;        // index into res_.history
+    std::size_t size = 0;  // index into cfg_.sizes
+    std::string config;
+    core::Schedule schedule;
+  };
+  std::vector<RoundItem> roundItems_;
 
   // A candidate whose incumbent options are this much slower than the best is not searched further at that size.
   static constexpr double kScreenMargin = 1.10;

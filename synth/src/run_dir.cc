@@ -54,17 +54,22 @@ json nativeToJson(const NativeChoice& n) {
 json optionalNative(const std::optional<NativeChoice>& n) { return n ? nativeToJson(*n) : json(nullptr); }
 
 json bestToJson(const PlanBest& b) {
-  return {{"candidate", b.candidate},
-          {"program", b.program},
-          {"origin", b.origin},
-          {"config", b.config},
-          {"protocol", b.protocol},
-          {"channels", b.channels},
-          {"time_us", b.timeUs},
-          {"bottleneck", b.bottleneck},
-          {"program_file", b.programFile},
-          {"schedule_json", b.scheduleJson},
-          {"schedule_xml", b.scheduleXml}};
+  json j = {{"candidate", b.candidate},
+            {"program", b.program},
+            {"origin", b.origin},
+            {"config", b.config},
+            {"protocol", b.protocol},
+            {"channels", b.channels},
+            {"time_us", b.timeUs},
+            {"bottleneck", b.bottleneck},
+            {"program_file", b.programFile},
+            {"schedule_json", b.scheduleJson},
+            {"schedule_xml", b.scheduleXml}};
+  if (b.measured) {  // the hardware evaluator measured time_us; simulated_us is the simulator's time
+    j["measured"] = true;
+    j["simulated_us"] = b.simulatedUs;
+  }
+  return j;
 }
 
 json planToJson(const PlanFile& p) {
@@ -148,6 +153,8 @@ std::optional<PlanBest> readBest(const JsonNode& entry) {
   b.protocol = optionalString(*n, "protocol");
   if (auto c = n->optional("channels")) b.channels = c->intIn(0, kMaxInt);
   b.bottleneck = optionalString(*n, "bottleneck");
+  if (auto m = n->optional("measured")) b.measured = m->boolean();
+  if (auto m = n->optional("simulated_us")) b.simulatedUs = m->nonNegative();
   b.programFile = optionalString(*n, "program_file");
   return b;
 }
@@ -239,14 +246,16 @@ PlanFile readPlanRoot(const JsonNode& root) {
 json recordToJson(const CandidateRecord& r) {
   json sizes = json::array();
   for (const SizeResult& s : r.sizes) {
-    sizes.push_back({{"size_bytes", s.sizeBytes},
-                     {"ok", s.ok},
-                     {"error", s.error},
-                     {"time_us", s.timeUs},
-                     {"bound_us", s.boundUs},
-                     {"nccl_us", s.ncclUs},
-                     {"config", s.config},
-                     {"bottleneck", s.bottleneck}});
+    json size = {
+        {"size_bytes", s.sizeBytes}, {"ok", s.ok},          {"error", s.error},   {"time_us", s.timeUs},
+        {"bound_us", s.boundUs},     {"nccl_us", s.ncclUs}, {"config", s.config}, {"bottleneck", s.bottleneck}};
+    // The hardware evaluator's: time_us measured, simulated_us the simulator's; or why it was not measured.
+    if (s.measured) {
+      size["measured"] = true;
+      size["simulated_us"] = s.simulatedUs;
+    }
+    if (!s.measureError.empty()) size["measure_error"] = s.measureError;
+    sizes.push_back(std::move(size));
   }
   return {{"id", r.id},     {"round", r.round}, {"origin", r.origin}, {"name", r.name},
           {"text", r.text}, {"stage", r.stage}, {"errors", r.errors}, {"sizes", std::move(sizes)}};
@@ -272,6 +281,9 @@ CandidateRecord readRecordRoot(const JsonNode& root) {
     sr.ncclUs = s["nccl_us"].nonNegative();
     sr.config = s["config"].str();
     sr.bottleneck = s["bottleneck"].str();
+    if (auto m = s.optional("measured")) sr.measured = m->boolean();
+    if (auto m = s.optional("simulated_us")) sr.simulatedUs = m->nonNegative();
+    if (auto m = s.optional("measure_error")) sr.measureError = m->str();
     r.sizes.push_back(std::move(sr));
   }
   return r;
@@ -312,6 +324,8 @@ PlanFile makePlan(const core::Topology& topology, const SynthConfig& config, con
       b.protocol = sb.schedule ? std::string(core::toString(sb.schedule->protocol)) : std::string();
       b.channels = sb.schedule ? sb.schedule->nChannels : 0;
       b.timeUs = sb.bestUs;
+      b.measured = sb.measured;
+      b.simulatedUs = sb.simulatedUs;
       b.bottleneck = s < r.sizes.size() ? r.sizes[s].bottleneck : std::string();
       b.programFile = fmt::format("programs/{}.ofl", r.id);
       b.scheduleJson = fmt::format("schedules/{}.json", stem);

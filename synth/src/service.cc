@@ -49,6 +49,14 @@ core::Result<Synthesis> Synthesis::prepare(const core::Topology& topology, Synth
     return core::Diagnostic{"<synthesis>", 0, 0,
                             fmt::format("evaluator \"{}\": expected simulator or hardware", spec.evaluator)};
   }
+  if (spec.evaluator == "hardware") {
+    if (std::string bad = checkLauncherCommand(spec.launcher.command); !bad.empty()) {
+      return core::Diagnostic{"<synthesis>", 0, 0, "evaluator hardware: " + bad};
+    }
+    if (!(spec.launcher.timeoutS > 0)) {
+      return core::Diagnostic{"<synthesis>", 0, 0, "evaluator hardware: the launcher timeout must be positive"};
+    }
+  }
   if (spec.resumeFrom) {
     auto hist = readHistory(*spec.resumeFrom);
     if (!hist) return hist.error();
@@ -86,7 +94,9 @@ core::Result<Synthesis> Synthesis::prepare(const core::Topology& topology, Synth
   if (s.spec.evaluator == "simulator") {
     s.evaluator = std::make_unique<SimEvaluator>(s.topology, s.spec.config.params);
   } else {
-    s.evaluator = std::make_unique<HardwareEvaluator>();
+    LauncherConfig launcher = s.spec.launcher;
+    launcher.workDir = s.spec.runDir / "hardware";
+    s.evaluator = std::make_unique<HardwareEvaluator>(s.topology, s.spec.config.params, std::move(launcher));
   }
   // A run continued from another directory's history starts with a copy of it: the run directory stands alone.
   if (s.spec.resumeFrom && !sameHistory) {

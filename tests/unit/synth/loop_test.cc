@@ -5,6 +5,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <regex>
 #include <set>
 #include <string>
@@ -593,29 +595,124 @@ TEST(SynthLoop, ResumedProgramsAreDuplicatesWhenProposedAgain) {
   expectConsistentBests(dgxA100(), second, r2);
 }
 
-TEST(SynthLoop, HardwareEvaluatorGivesNoBestWithoutCrashing) {
-  const SynthConfig cfg = smallConfig(1, 3);
+// An evaluator that measures like the hardware one, without hardware: the simulator screens, and each round's
+// "measurement" is a function of the schedule (or a failure), so the test knows every measured time.
+class FakeMeasuringEvaluator : public Evaluator {
+ public:
+  FakeMeasuringEvaluator(const core::Topology& topo,
+                         std::function<RoundMeasurement(const std::vector<MeasureItem>&)> fn)
+      : sim_(topo, {}), fn_(std::move(fn)) {}
+  std::string_view name() const override { return "fake-hardware"; }
+  Evaluation evaluate(const core::IntentProgram& intent, std::uint64_t sizeBytes, const EvalHint& hint) override {
+    return sim_.evaluate(intent, sizeBytes, hint);
+  }
+  double timeNccl(const core::Schedule& schedule, std::uint64_t sizeBytes, const sim::SimParams& params) override {
+    return sim_.timeNccl(schedule, sizeBytes, params);
+  }
+  bool measuresRounds() const override { return true; }
+  RoundMeasurement measureRound(int round, const std::vector<MeasureItem>& items) override {
+    rounds.push_back(round);
+    batches.push_back(items.size());
+    return fn_(items);
+  }
+  std::vector<int> rounds;
+  std::vector<std::size_t> batches;
+
+ private:
+  SimEvaluator sim_;
+  std::function<RoundMeasurement(const std::vector<MeasureItem>&)> fn_;
+};
+
+// A measured time that reverses the simulator's order: more steps, faster (so the winner must change).
+double fakeMeasured(const MeasureItem& it) { return 1e6 / static_cast<double>(core::totalSteps(it.schedule) + 1); }
+
+TEST(SynthLoop, MeasuredTimesReplaceSimulatedOnesAndRankAboveThem) {
+  const SynthConfig cfg = smallConfig(2, 4);
   BuiltinProposer proposer(1);
-  HardwareEvaluator evaluator;
-  const SynthResult res = runSynthesis(dgxA100(), cfg, proposer, evaluator);
-  EXPECT_EQ(res.roundsRun, 1);
-  EXPECT_EQ(res.stopReason, "round budget");
-  ASSERT_EQ(res.history.size(), 3u);
-  for (const CandidateRecord& r : res.history) {
-    if (r.stage != "ok") continue;
-    ASSERT_EQ(r.sizes.size(), cfg.sizes.size());
-    for (const SizeResult& sr : r.sizes) {
-      EXPECT_FALSE(sr.ok);
-      EXPECT_NE(sr.error.find("no hardware runner"), std::string::npos) << sr.error;
+  FakeMeasuringEvaluator ev(dgxA100(), [](const std::vector<MeasureItem>& items) {
+    RoundMeasurement m;
+    for (const MeasureItem& it : items) {
+      m.timeUs.push_back(fakeMeasured(it));
+      m.itemErrors.emplace_back();
+    }
+    return m;
+  });
+  std::vector<std::string> announced;
+  const SynthResult res = runSynthesis(dgxA100(), cfg, proposer, ev, [&](const ProgressEvent& e) {
+    if (e.kind == ProgressEvent::Kind::Candidate) {
+      // Announced once measured: an ok record is already marked one way or the other.
+      announced.push_back(e.record->id);
+      for (const SizeResult& sr : e.record->sizes) {
+        if (e.record->stage == "ok" && sr.ok && sr.config.find("screened") == std::string::npos) {
+          EXPECT_TRUE(sr.measured || !sr.measureError.empty()) << e.record->id;
+        }
+      }
+    }
+  });
+  EXPECT_EQ(ev.rounds, (std::vector<int>{0, 1}));
+  EXPECT_EQ(res.roundsMeasured, 2);
+  ASSERT_EQ(res.measurementNotes.size(), 2u);
+  EXPECT_NE(res.measurementNotes[0].find("round 0: measured"), std::string::npos) << res.measurementNotes[0];
+  EXPECT_EQ(announced.size(), res.history.size());
+  int measured = 0;
+  for (std::size_t s = 0; s < cfg.sizes.size(); ++s) {
+    const SizeBest& sb = res.sizes[s];
+    ASSERT_GE(sb.best, 0);
+    EXPECT_TRUE(sb.measured);
+    const SizeResult& won = res.history[static_cast<std::size_t>(sb.best)].sizes[s];
+    EXPECT_TRUE(won.measured);
+    EXPECT_DOUBLE_EQ(won.timeUs, sb.bestUs);
+    EXPECT_DOUBLE_EQ(won.simulatedUs, sb.simulatedUs);
+    ASSERT_TRUE(sb.schedule.has_value());
+    EXPECT_DOUBLE_EQ(sb.bestUs, 1e6 / static_cast<double>(core::totalSteps(*sb.schedule) + 1));
+    EXPECT_TRUE(compiler::verify(*sb.schedule).proven);
+    for (const CandidateRecord& c : res.history) {
+      if (c.stage != "ok" || !c.sizes[s].measured) continue;
+      ++measured;
+      EXPECT_GT(c.sizes[s].simulatedUs, 0);
+      EXPECT_GE(c.sizes[s].timeUs, sb.bestUs * (1 - 1e-12)) << c.id;  // the best is the fastest measured
     }
   }
-  ASSERT_EQ(res.sizes.size(), cfg.sizes.size());
-  for (const SizeBest& sb : res.sizes) {
-    EXPECT_EQ(sb.best, -1);
-    EXPECT_FALSE(sb.schedule.has_value());
-    EXPECT_GT(sb.boundUs, 0);
-    EXPECT_EQ(sb.nccl.timeUs, 0);
+  EXPECT_GT(measured, 2);
+}
+
+TEST(SynthLoop, AFailedMeasurementKeepsTheSimulatorsTimesMarkedSo) {
+  const SynthConfig cfg = smallConfig(2, 3);
+  BuiltinProposer proposer(1);
+  int calls = 0;
+  FakeMeasuringEvaluator ev(dgxA100(), [&](const std::vector<MeasureItem>& items) {
+    RoundMeasurement m;
+    if (calls++ == 0) {
+      m.error = "the launcher exited with status 3";
+      return m;
+    }
+    // Round 1: every item but the first measured.
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      m.timeUs.push_back(i == 0 ? std::optional<double>() : std::optional<double>(fakeMeasured(items[i])));
+      m.itemErrors.push_back(i == 0 ? "optiflow-bench: hang" : "");
+    }
+    return m;
+  });
+  const SynthResult res = runSynthesis(dgxA100(), cfg, proposer, ev);
+  EXPECT_EQ(res.roundsRun, 2);
+  EXPECT_EQ(res.roundsMeasured, 1);
+  ASSERT_EQ(res.measurementNotes.size(), 2u);
+  EXPECT_NE(res.measurementNotes[0].find("no measurement (the launcher exited with status 3)"), std::string::npos)
+      << res.measurementNotes[0];
+  bool sawRoundError = false;
+  bool sawItemError = false;
+  for (const CandidateRecord& c : res.history) {
+    for (const SizeResult& sr : c.sizes) {
+      if (c.round == 0 && sr.ok) {
+        EXPECT_FALSE(sr.measured);
+        sawRoundError |= sr.measureError == "the launcher exited with status 3";
+      }
+      sawItemError |= sr.measureError == "optiflow-bench: hang";
+    }
   }
+  EXPECT_TRUE(sawRoundError);
+  EXPECT_TRUE(sawItemError);
+  for (const SizeBest& sb : res.sizes) EXPECT_GE(sb.best, 0);
 }
 
 TEST(SynthLoop, BroadcastKeepsTheRoot) {

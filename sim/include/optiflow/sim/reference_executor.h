@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -65,5 +66,38 @@ struct CheckReport {
 
 // Never throws for a bad schedule and never hangs: problems come back in the report.
 CheckReport runReference(const core::Schedule& schedule, const CheckOptions& options = {});
+
+// The reference executor's inputs and its output check, shared with every other executor of real bytes (exec's CPU
+// backend), so that all of them are judged by one comparison with the collective's definition.
+//
+// Input values: integers in [1, range] as float, derived from the seed (see the top of this file).
+class ReferenceInputs {
+ public:
+  ReferenceInputs(const core::Schedule& s, std::uint64_t seed, int elementsPerChunk);
+  // Element `element` of chunk `chunk` of rank `rank`'s logical input buffer.
+  float at(int rank, int chunk, std::size_t element) const;
+  int elementsPerChunk() const { return static_cast<int>(epc_); }
+
+ private:
+  float compute(int rank, int chunk, std::size_t element) const;
+
+  std::uint64_t seed_;
+  std::size_t epc_;
+  std::uint32_t range_;
+  std::vector<float> table_;
+  std::vector<std::size_t> offsets_;
+  std::vector<int> chunks_;
+};
+
+// The value memory the collective leaves undefined starts with: a signalling NaN no input or sum can produce.
+float poisonValue();
+
+// Compares every constrained output chunk of every rank, in `mode`, with the collective's definition computed from
+// `inputs`; outputChunk(rank, index) is that rank's logical output chunk (elementsPerChunk floats), or null for a
+// rank the caller does not hold (a process of a multi-process run checks its own rank). Mismatches are
+// counted in report.mismatchCount and the first maxMismatches are listed in report.mismatches.
+void compareOutputs(const core::Schedule& s, core::BufferMode mode, const ReferenceInputs& inputs,
+                    const std::function<const float*(int rank, int outputIndex)>& outputChunk,
+                    std::size_t maxMismatches, CheckReport& report);
 
 }  // namespace optiflow::sim

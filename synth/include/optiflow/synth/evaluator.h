@@ -1,12 +1,14 @@
-// Evaluators time a candidate's intent at one message size. The simulator is the default; a real measurement on
-// hardware plugs in behind the same interface (HardwareEvaluator is that seam: today it reports that no hardware
-// runner is built in).
+// Evaluators time a candidate's intent at one message size. The simulator is the default; HardwareEvaluator screens
+// with the simulator and then measures each round's screened schedules on the user's GPUs through optiflow-bench
+// (started by the user's launcher command), whose times replace the simulated ones.
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "optiflow/core/intent.h"
 #include "optiflow/core/topology.h"
@@ -26,6 +28,20 @@ struct EvalHint {
   bool verify = true;  // prove the winner (the loop proves only winners that become the best at a size)
 };
 
+// One schedule of a round to measure: a candidate's verified schedule at one size.
+struct MeasureItem {
+  std::string id;  // unique within the round, e.g. "r2c5-1MiB"
+  core::Schedule schedule;
+  std::uint64_t sizeBytes = 0;
+};
+
+// What a round's measurement gave.
+struct RoundMeasurement {
+  std::string error;                          // non-empty: nothing was measured (the simulator's times stand)
+  std::vector<std::optional<double>> timeUs;  // per item, when error is empty; nullopt: that item failed
+  std::vector<std::string> itemErrors;        // per item, why it has no time
+};
+
 class Evaluator {
  public:
   virtual ~Evaluator() = default;
@@ -39,6 +55,11 @@ class Evaluator {
   // A time timeNccl can never beat for this schedule (0: unknown), so that configurations that cannot win are
   // not timed.
   virtual double boundNccl(const core::Schedule&, std::uint64_t, const sim::SimParams&) { return 0; }
+  // Whether measureRound measures: the loop then hands it every round's screened schedules and takes its times.
+  virtual bool measuresRounds() const { return false; }
+  virtual RoundMeasurement measureRound(int /*round*/, const std::vector<MeasureItem>& /*items*/) {
+    return {"this evaluator does not measure", {}, {}};
+  }
 };
 
 class SimEvaluator : public Evaluator {
@@ -62,13 +83,34 @@ class SimEvaluator : public Evaluator {
 Evaluation evaluateBest(const core::IntentProgram& intent, const core::Topology& topology, std::uint64_t sizeBytes,
                         const sim::SimParams& params = {});
 
-// Where a measurement on real GPUs goes (an MSCCL-enabled NCCL or MSCCL++ running the exported schedule): not
-// built in yet, so every evaluation fails with a message saying so.
+// How the hardware evaluator starts optiflow-bench: the user's command line (an `srun ...`, `mpirun ...` or
+// `torchrun ...`, or a local one) with {batch} (a directory of schedules and batch.json) and {out} (the JSON results
+// file optiflow-bench must write: `optiflow-bench {batch} --json -o {out}`), run by /bin/sh.
+struct LauncherConfig {
+  std::string command;
+  double timeoutS = 1800;         // a launch that takes longer is killed (its whole process group)
+  std::filesystem::path workDir;  // each round's batch, results and launcher.log go to workDir/round-N
+};
+
+// The command's problems (no {batch} or no {out}), or empty.
+std::string checkLauncherCommand(const std::string& command);
+
+// Times candidates with the simulator (which screens them, exactly as SimEvaluator), and measures each round's
+// screened schedules on hardware: one batch per round, one launch of the user's command. A failed, timed-out or
+// garbage-writing launch is the round's error (RoundMeasurement::error) and the simulator's times stand.
 class HardwareEvaluator : public Evaluator {
  public:
+  HardwareEvaluator(const core::Topology& topology, sim::SimParams params, LauncherConfig launcher);
   std::string_view name() const override { return "hardware"; }
   Evaluation evaluate(const core::IntentProgram& intent, std::uint64_t sizeBytes, const EvalHint& hint) override;
   double timeNccl(const core::Schedule& schedule, std::uint64_t sizeBytes, const sim::SimParams& params) override;
+  double boundNccl(const core::Schedule& schedule, std::uint64_t sizeBytes, const sim::SimParams& params) override;
+  bool measuresRounds() const override { return true; }
+  RoundMeasurement measureRound(int round, const std::vector<MeasureItem>& items) override;
+
+ private:
+  SimEvaluator sim_;
+  LauncherConfig launcher_;
 };
 
 }  // namespace optiflow::synth

@@ -57,6 +57,10 @@ struct SizeBest {
   double bestUs = 0;
   std::string config;                      // the winner's compile options, e.g. "LL128/2ch/2sl"
   std::optional<core::Schedule> schedule;  // the winner's verified schedule
+  // The hardware evaluator: bestUs was measured (a measured time ranks above any predicted one); simulatedUs is the
+  // simulator's time of the same schedule, which the screens compare candidates with.
+  bool measured = false;
+  double simulatedUs = 0;
 };
 
 struct SynthResult {
@@ -66,6 +70,10 @@ struct SynthResult {
   double elapsedS = 0;
   std::string stopReason;  // "round budget", "time budget", "converged", "the proposer has nothing new", "stopped"
   bool stopped = false;    // the caller's keepGoing said stop: the result is incomplete
+  // The hardware evaluator: one line per round, "round 2: measured 7 schedules" or "round 2: no measurement (the
+  // launcher exited with status 1 ...); the simulator's times stand".
+  std::vector<std::string> measurementNotes;
+  int roundsMeasured = 0;
 };
 
 struct ProgressEvent {

@@ -28,6 +28,11 @@ struct SizeResult {
   double ncclUs = 0;       // NCCL's own choice timed by the same simulator; 0 when it has no schedule
   std::string config;      // protocol/channels/slices of the winning compile options, e.g. "LL128/2ch/2sl"
   std::string bottleneck;  // the busiest link and its utilisation, e.g. "node0.gpu3->nic3 (97%)"; empty if none
+  // The hardware evaluator: timeUs is then the measured time and simulatedUs the simulator's; or, where the
+  // round's measurement failed for this schedule, measureError says why and timeUs stays the simulator's.
+  bool measured = false;
+  double simulatedUs = 0;
+  std::string measureError;
 };
 
 // Everything the loop learned about one candidate: the feedback proposers read.

@@ -5,9 +5,12 @@
 //   DIR/plan.json             the plan (PlanFile, below)
 //   DIR/history.jsonl         one JSON object per line, a CandidateRecord each, appended and flushed as each candidate
 //                             is evaluated: {id, round, origin, name, text, stage, errors, sizes[{size_bytes, ok,
-//                             error, time_us, bound_us, nccl_us, config, bottleneck}]}
+//                             error, time_us, bound_us, nccl_us, config, bottleneck}]}; with the hardware
+//                             evaluator also "measured": true and "simulated_us" (time_us is then measured), or
+//                             "measure_error" (why the simulated time_us was not replaced); written once measured
 //   DIR/programs/ID.ofl       the program of every winning candidate
 //   DIR/schedules/COLL-SIZE.json, .xml   each size's winning schedule, native JSON and MSCCL XML
+//   DIR/hardware/round-N/                the hardware evaluator's batch, results.json and launcher.log per round
 //
 // plan.json:
 //   {"format": "optiflow-plan", "version": 1, "optiflow_version": "0.1.0",
@@ -26,6 +29,7 @@
 //                 "protocol": "LL", "channels": 1, "time_us": 12.36, "bottleneck": "",
 //                 "program_file": "programs/r0c3.ofl",
 //                 "schedule_json": "schedules/allgather-1KiB.json", "schedule_xml": "schedules/allgather-1KiB.xml"}
+//                 // + "measured": true, "simulated_us" where the hardware evaluator measured time_us
 //                 // null when no candidate worked at this size
 //      }]}]}
 // Times are microseconds; speedups and ratios are derived (nccl.time_us / best.time_us, best.time_us / bound_us).
@@ -74,6 +78,8 @@ struct PlanBest {
   std::string programFile;   // relative to the run directory
   std::string scheduleJson;  // relative to the run directory
   std::string scheduleXml;   // relative to the run directory
+  bool measured = false;     // timeUs was measured on hardware (optiflow-bench); simulatedUs is the simulator's
+  double simulatedUs = 0;
 };
 
 struct PlanEntry {

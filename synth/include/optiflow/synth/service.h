@@ -13,6 +13,7 @@
 
 #include "optiflow/core/error.h"
 #include "optiflow/core/topology.h"
+#include "optiflow/synth/evaluator.h"
 #include "optiflow/synth/llm_client.h"
 #include "optiflow/synth/loop.h"
 #include "optiflow/synth/run_dir.h"
@@ -25,6 +26,7 @@ struct SynthesisSpec {
   std::uint64_t seed = 1;               // the builtin proposer's (the llm proposer falls back to it)
   LlmConfig llm;                        // proposer == "llm": baseUrl and model must be set
   std::string evaluator = "simulator";  // simulator | hardware
+  LauncherConfig launcher;              // evaluator == "hardware": the command (workDir is runDir/hardware)
   std::filesystem::path runDir;         // created if needed; its history.jsonl is appended to
   // A history.jsonl to continue (its programs are not proposed again). When it is not the run directory's own, its
   // records are copied into the new history first, so the run directory stands alone.
