@@ -112,6 +112,12 @@ struct CacheArgs {
   std::vector<std::string> railWeights;  // rails set: NAME=WEIGHT
 };
 
+// MSCCL++ execution plans (cli/mscclpp_commands.cc). mscclppPlanText: the file's text when it is an MSCCL++ plan
+// (told by content), nullopt otherwise (not one, or unreadable: the caller's own loader reports that).
+std::optional<std::string> mscclppPlanText(const std::string& path);
+int runVerifyMscclpp(const std::string& path, const std::string& text, bool json);
+int runCheckMscclpp(const std::string& path, const std::string& text, bool json, int elements, std::uint64_t seed);
+
 int runCalibrate(const CalibrateArgs& args);
 int runCompile(const CompileArgs& args);
 int runCompare(const CompareArgs& args);

@@ -89,6 +89,7 @@ int cmdTopoShow(const std::string& what, bool json) {
 }
 
 int cmdVerify(const std::string& path, bool json, const std::string& mode) {
+  if (auto plan = optiflow::cli::mscclppPlanText(path)) return optiflow::cli::runVerifyMscclpp(path, *plan, json);
   auto s = loadOrReport(path);
   if (!s) return kExitBadInput;
   if (auto m = parseMode(mode)) {
@@ -126,6 +127,9 @@ int cmdVerify(const std::string& path, bool json, const std::string& mode) {
 }
 
 int cmdCheck(const std::string& path, bool json, const std::string& mode, int elements, std::uint64_t seed) {
+  if (auto plan = optiflow::cli::mscclppPlanText(path)) {
+    return optiflow::cli::runCheckMscclpp(path, *plan, json, elements, seed);
+  }
   auto s = loadOrReport(path);
   if (!s) return kExitBadInput;
   optiflow::sim::CheckOptions opts;
