@@ -33,6 +33,9 @@ constexpr int kSelf = -1;   // an access that ends with its own event
 constexpr int kNever = -2;  // an access that nothing is known to complete (a port put never flushed)
 constexpr int kMaxCellsPerChunk = 64;
 constexpr std::int64_t kClockBudget = std::int64_t{1} << 26;
+constexpr std::int64_t kMaxCells = std::int64_t{1} << 22;
+constexpr std::int64_t kMaxEvents = std::int64_t{1} << 20;
+constexpr std::int64_t kMaxAccesses = std::int64_t{1} << 24;
 
 enum class EventKind : std::uint8_t { Start, End, BlockEnd, Op, BarrierJoin };
 enum class Combine : std::uint8_t { Copy, Ordered, Unordered };
@@ -233,6 +236,15 @@ class Model {
   const NvlsGroup* nvls(int event, const BufferRef& ref);
   void matchCounters();
   void matchPackets();
+
+ public:
+  // Channels that several blocks signal or wait on: where the blocks' uses are ordered one after another by the
+  // other edges (e.g. blocks split under the 64-operation limit and chained by semaphores), the j-th wait pairs with
+  // the j-th signal in that order; otherwise only the last wait is known to follow every signal. True when edges
+  // were added (the caller orders again).
+  bool resolveShared(const std::vector<int>& topo);
+
+ private:
   void matchBarriers();
 
   const Plan& plan_;
@@ -258,6 +270,7 @@ class Model {
   std::map<int, std::vector<int>> packetWriters_;                                   // cell -> events
   std::vector<std::pair<int, int>> packetReads_;                                    // (event, cell)
   std::map<std::pair<int, int>, std::vector<BarrierUse>> barriers_;                 // (rank, barrier id)
+  std::vector<std::tuple<int, int, int, int>> deferred_;
   // Vector clocks.
   std::vector<int> chain_, pos_;
   int chains_ = 0;
@@ -424,6 +437,22 @@ bool Model::shape() {
   }
   for (const auto& note : plan_.schemaNotes) error(Property::Shape, -1, -1, -1, note);
 
+  // Budgets: the proof is linear in cells and events; a hostile file must not make it allocate without bound.
+  std::int64_t cellBudget = 0;
+  std::int64_t eventBudget = 0;
+  for (const auto& g : plan_.gpus) {
+    cellBudget += static_cast<std::int64_t>(g.inputChunks + g.outputChunks + g.scratchChunks) * cellsPerChunk_;
+    for (const auto& tb : g.threadBlocks) {
+      for (const auto& op : tb.ops)
+        eventBudget += 1 + static_cast<std::int64_t>(op.ops.size()) * (pipelines ? iterations_ : 1);
+    }
+  }
+  if (cellBudget > kMaxCells || eventBudget > kMaxEvents) {
+    error(Property::Shape, -1, -1, -1,
+          fmt::format("{} chunk slices and {} operation runs are beyond the verifier's budget ({} and {})", cellBudget,
+                      eventBudget, kMaxCells, kMaxEvents));
+    return false;
+  }
   int total = 0;
   for (int r = 0; r < n_; ++r) {
     const auto phys = core::physicalSizes(shadow_, r, mode_);
@@ -1058,6 +1087,16 @@ bool Model::build() {
     fin.srcs.push_back(outs);
     xfers_[static_cast<std::size_t>(end_[static_cast<std::size_t>(r)])].push_back(std::move(fin));
   }
+  std::int64_t accesses = 0;
+  for (const auto& xs : xfers_)
+    for (const auto& x : xs)
+      for (const auto* side : {&x.srcs, &x.dsts})
+        for (const auto& ra : *side) accesses += static_cast<std::int64_t>(ra.cells.size());
+  if (accesses > kMaxAccesses) {
+    error(Property::Shape, -1, -1, -1,
+          fmt::format("{} chunk-slice accesses are beyond the verifier's budget ({})", accesses, kMaxAccesses));
+    return false;
+  }
   for (std::size_t e = 0; e < events_.size(); ++e) {
     for (const auto& x : xfers_[e]) {
       for (const auto& src : x.srcs)
@@ -1110,19 +1149,12 @@ void Model::matchCounters() {
     }
     report_.transfers += std::min(sig.size(), wt.size());
     const bool ordered = blocks(sig) <= 1 && blocks(wt) <= 1;
-    if (!ordered && !sig.empty() && !wt.empty()) {
-      warning(Property::Matching, rank, -1, -1,
-              fmt::format("several blocks signal or wait on rank {}'s {} channel #{} from rank {}: only the last "
-                          "wait is known to follow every signal",
-                          rank, typeName, ordinal, peer));
+    if (!ordered) {
+      deferred_.push_back(key);  // resolved once the other edges tell whether the blocks take turns
+      continue;
     }
-    for (std::size_t j = 0; j < wt.size() && j < sig.size(); ++j) {
-      if (ordered) {
-        addPred(wt[j].event, sig[j].event, !sig[j].relaxed && !wt[j].relaxed);
-      } else if (j + 1 == sig.size()) {
-        for (const auto& s : sig) addPred(wt[j].event, s.event, !s.relaxed && !wt[j].relaxed);
-      }
-    }
+    for (std::size_t j = 0; j < wt.size() && j < sig.size(); ++j)
+      addPred(wt[j].event, sig[j].event, !sig[j].relaxed && !wt[j].relaxed);
   }
   // Device semaphores: acquire #j needs release #(j - init_value).
   std::set<std::pair<int, int>> semKeys;
@@ -1150,6 +1182,42 @@ void Model::matchCounters() {
       }
     }
   }
+}
+
+bool Model::resolveShared(const std::vector<int>& topo) {
+  if (deferred_.empty()) return false;
+  std::vector<int> at(events_.size(), 0);
+  for (std::size_t i = 0; i < topo.size(); ++i) at[static_cast<std::size_t>(topo[i])] = static_cast<int>(i);
+  auto chainOf = [&](std::vector<SyncUse> v, bool& total) {
+    std::sort(v.begin(), v.end(), [&](const SyncUse& a, const SyncUse& b) {
+      return at[static_cast<std::size_t>(a.event)] < at[static_cast<std::size_t>(b.event)];
+    });
+    total = true;
+    for (std::size_t i = 0; i + 1 < v.size(); ++i)
+      if (!hb(v[i].event, v[i + 1].event, false)) total = false;
+    return v;
+  };
+  for (const auto& key : deferred_) {
+    bool sigTotal = false;
+    bool waitTotal = false;
+    const auto sig = chainOf(signals_[key], sigTotal);
+    const auto wt = chainOf(waits_[key], waitTotal);
+    const auto [rank, type, peer, ordinal] = key;
+    if (sigTotal && waitTotal) {
+      for (std::size_t j = 0; j < wt.size() && j < sig.size(); ++j)
+        addPred(wt[j].event, sig[j].event, !sig[j].relaxed && !wt[j].relaxed);
+      continue;
+    }
+    warning(Property::Matching, rank, -1, -1,
+            fmt::format("several blocks signal or wait on rank {}'s {} channel #{} from rank {} in no fixed order: "
+                        "only the last wait is known to follow every signal",
+                        rank, toString(static_cast<ChannelType>(type)), ordinal, peer));
+    if (!wt.empty() && wt.size() <= sig.size()) {
+      for (const auto& sg : sig) addPred(wt.back().event, sg.event, !sg.relaxed && !wt.back().relaxed);
+    }
+  }
+  deferred_.clear();
+  return true;
 }
 
 void Model::matchPackets() {
@@ -1296,9 +1364,15 @@ void Model::checkRaces() {
     }
   }
   std::set<std::pair<int, int>> reported;
+  std::int64_t pairs = 0;
   for (std::size_t cell = 0; cell < byCell.size(); ++cell) {
     const auto& acc = byCell[cell];
     for (std::size_t i = 0; i < acc.size(); ++i) {
+      pairs += static_cast<std::int64_t>(acc.size() - i);
+      if (pairs > kClockBudget * 4) {
+        error(Property::Shape, -1, -1, -1, "too many accesses of single chunks for the race check's budget");
+        return;
+      }
       for (std::size_t j = i + 1; j < acc.size(); ++j) {
         const Access& a = acc[i];
         const Access& b = acc[j];
@@ -1619,6 +1693,20 @@ VerifyReport verifyPlan(const Plan& plan, const PlanVerifyOptions& options) {
     report.proven = false;
     return report;
   }
+  if (model.resolveShared(topo)) {
+    if (!model.order(topo, nullptr)) {
+      report.proven = false;
+      report.errors.push_back(Finding{Severity::Error, Property::Deadlock,
+                                      plan.inPlace ? BufferMode::InPlace : BufferMode::OutOfPlace, -1, -1, -1,
+                                      fmt::format("the waits form a cycle: {} of {} events can never run",
+                                                  model.eventCount() - topo.size(), model.eventCount())});
+      return report;
+    }
+    if (!model.clocks(topo)) {
+      report.proven = false;
+      return report;
+    }
+  }
   model.checkRaces();
   model.execute(topo, options.checkReductionOrder);
   report.proven = report.errors.empty();
@@ -1632,6 +1720,14 @@ PlanRunReport runPlan(const Plan& plan, const PlanRunOptions& options) {
   if (!model.build()) {
     for (const auto& f : scratch.errors) run.errors.push_back(f.str());
     return run;
+  }
+  {
+    std::vector<int> topo;
+    if (!model.order(topo, nullptr)) {
+      run.errors.push_back("the waits form a cycle: the plan hangs");
+      return run;
+    }
+    if (model.clocks(topo)) model.resolveShared(topo);
   }
   std::mt19937_64 rng(options.seed);
   bool passed = true;
