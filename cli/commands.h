@@ -117,6 +117,11 @@ struct CacheArgs {
 std::optional<std::string> mscclppPlanText(const std::string& path);
 int runVerifyMscclpp(const std::string& path, const std::string& text, bool json);
 int runCheckMscclpp(const std::string& path, const std::string& text, bool json, int elements, std::uint64_t seed);
+// `optiflow convert FILE --to mscclpp`: the schedule (JSON or MSCCL XML) as an MSCCL++ plan.
+int runConvertToMscclpp(const std::string& path, int ranksPerNode, const std::string& mode, const std::string& out);
+// `optiflow export mscclpp RUN_DIR -o DIR`: every winning schedule of a run as proven MSCCL++ plans (one per
+// collective, buffer mode and size range) and DIR/manifest.json saying what each serves.
+int runExportMscclpp(const std::string& runDir, const std::string& outDir);
 
 int runCalibrate(const CalibrateArgs& args);
 int runCompile(const CompileArgs& args);

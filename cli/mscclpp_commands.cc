@@ -1,15 +1,22 @@
 // optiflow's MSCCL++ commands: verify and check of execution plans, convert --to mscclpp, export mscclpp.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "optiflow/compiler/mscclpp_export.h"
 #include "optiflow/compiler/mscclpp_plan.h"
 #include "optiflow/compiler/mscclpp_verifier.h"
+#include "optiflow/compiler/schedule_io.h"
 #include "optiflow/core/collective.h"
 #include "optiflow/core/text_file.h"
+#include "optiflow/core/units.h"
+#include "optiflow/synth/run_dir.h"
 
 namespace optiflow::cli {
 
@@ -101,6 +108,139 @@ int runCheckMscclpp(const std::string& path, const std::string& text, bool json,
                    : fmt::format("FAILED ({} errors, {} mismatched chunk slices)", run.errors.size(), run.mismatches));
   }
   return run.passed ? kExitOk : kExitFailed;
+}
+
+namespace {
+
+std::optional<core::BufferMode> modeArg(const std::string& mode) {
+  if (mode.empty()) return std::nullopt;
+  return mode == "in-place" || mode == "inplace" ? core::BufferMode::InPlace : core::BufferMode::OutOfPlace;
+}
+
+bool writeFile(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) {
+    fmt::print(stderr, "optiflow: cannot write {}\n", path.string());
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int runConvertToMscclpp(const std::string& path, int ranksPerNode, const std::string& mode, const std::string& out) {
+  if (mscclppPlanText(path)) {
+    fmt::print(stderr, "optiflow: {} is already an MSCCL++ plan\n", path);
+    return kExitBadInput;
+  }
+  auto s = compiler::loadSchedule(path);
+  if (!s) {
+    fmt::print(stderr, "optiflow: {}\n", s.error().str());
+    return kExitBadInput;
+  }
+  mpp::ExportOptions o;
+  o.ranksPerNode = ranksPerNode;
+  o.mode = modeArg(mode);
+  auto plan = mpp::exportPlan(*s, o);
+  if (!plan) {
+    fmt::print(stderr, "optiflow: {}\n", plan.error().str());
+    return kExitBadInput;
+  }
+  for (const auto& note : plan->notes) fmt::print(stderr, "optiflow: note: {}\n", note);
+  const std::string text = mpp::writeMscclppPlan(plan->plan);
+  if (out.empty() || out == "-") {
+    std::cout << text;
+    return kExitOk;
+  }
+  return writeFile(out, text) ? kExitOk : kExitBadInput;
+}
+
+int runExportMscclpp(const std::string& runDir, const std::string& outDir) {
+  namespace fs = std::filesystem;
+  auto plan = synth::readPlan(fs::path(runDir) / "plan.json");
+  if (!plan) {
+    fmt::print(stderr, "optiflow: {}\n", plan.error().str());
+    return kExitBadInput;
+  }
+  std::error_code ec;
+  fs::create_directories(outDir, ec);
+  if (ec) {
+    fmt::print(stderr, "optiflow: cannot create {}: {}\n", outDir, ec.message());
+    return kExitBadInput;
+  }
+  const int perNode = plan->gpusPerNode > 0 ? plan->gpusPerNode : (plan->nodes > 0 ? plan->ranks / plan->nodes : 0);
+  nlohmann::ordered_json manifest;
+  manifest["format"] = "optiflow-mscclpp-plans";
+  manifest["version"] = 1;
+  manifest["mscclpp_version"] = std::string(mpp::kPinnedVersion);
+  manifest["topology"] = plan->topology;
+  manifest["world_size"] = plan->ranks;
+  manifest["ranks_per_node"] = perNode;
+  manifest["plans"] = nlohmann::ordered_json::array();
+  manifest["skipped"] = nlohmann::ordered_json::array();
+  int written = 0;
+  for (const auto& coll : plan->collectives) {
+    // One plan per (collective, buffer mode, size range); the ranges of one collective and mode must not overlap,
+    // or the executor's unordered map picks one at random.
+    std::map<bool, std::vector<std::pair<std::uint64_t, std::uint64_t>>> ranges;
+    for (const auto& e : coll.entries) {
+      if (!e.best || e.best->scheduleJson.empty()) continue;
+      const fs::path file = fs::path(runDir) / e.best->scheduleJson;
+      auto s = compiler::loadSchedule(file.string());
+      const std::string stem = fs::path(e.best->scheduleJson).stem().string();
+      if (!s) {
+        manifest["skipped"].push_back({{"schedule", e.best->scheduleJson}, {"reason", s.error().str()}});
+        continue;
+      }
+      for (auto mode : core::supportedModes(*s)) {
+        mpp::ExportOptions o;
+        o.ranksPerNode = perNode;
+        o.mode = mode;
+        o.minMessageSize = e.minBytes;
+        o.maxMessageSize = e.maxBytes;
+        const bool inPlace = mode == core::BufferMode::InPlace;
+        o.name = fmt::format("optiflow-{}-{}", stem, inPlace ? "inplace" : "outofplace");
+        auto exported = mpp::exportPlan(*s, o);
+        if (!exported) {
+          manifest["skipped"].push_back(
+              {{"schedule", e.best->scheduleJson}, {"in_place", inPlace}, {"reason", exported.error().message}});
+          fmt::print(stderr, "optiflow: skipped {} ({}): {}\n", e.best->scheduleJson, core::toString(mode),
+                     exported.error().message);
+          continue;
+        }
+        auto& rs = ranges[inPlace];
+        for (const auto& [lo, hi] : rs) {
+          if (e.minBytes <= hi && lo <= e.maxBytes) {
+            fmt::print(stderr, "optiflow: {}: size range [{}, {}] overlaps [{}, {}] of another plan\n",
+                       e.best->scheduleJson, e.minBytes, e.maxBytes, lo, hi);
+            return kExitBadInput;
+          }
+        }
+        rs.emplace_back(e.minBytes, e.maxBytes);
+        const std::string name = o.name + ".json";
+        if (!writeFile(fs::path(outDir) / name, mpp::writeMscclppPlan(exported->plan))) return kExitBadInput;
+        manifest["plans"].push_back({{"file", name},
+                                     {"name", exported->plan.name},
+                                     {"collective", std::string(core::toString(coll.collective))},
+                                     {"world_size", s->nRanks},
+                                     {"ranks_per_node", perNode},
+                                     {"in_place", inPlace},
+                                     {"min_message_size", e.minBytes},
+                                     {"max_message_size", e.maxBytes},
+                                     {"protocol", exported->plan.protocol == core::Protocol::LL ? "LL" : "Simple"},
+                                     {"reduce_op", coll.collective == core::Collective::AllGather ? "none" : "sum"},
+                                     {"schedule", e.best->scheduleJson},
+                                     {"predicted_us", e.best->timeUs}});
+        ++written;
+      }
+    }
+  }
+  if (!writeFile(fs::path(outDir) / "manifest.json", manifest.dump(2) + "\n")) return kExitBadInput;
+  fmt::print("{}: {} MSCCL++ plans (each proven), manifest.json; {} skipped\n", outDir, written,
+             manifest["skipped"].size());
+  return written > 0 ? kExitOk : kExitFailed;
 }
 
 }  // namespace optiflow::cli

@@ -68,22 +68,69 @@ BufferRef remoteRef(int gpuRemoteBuffer, int index, int size) {
 }
 
 // The operations of one MSCCL++ block before channel and buffer ids are made block-local: channel ids and remote
-// buffer ids hold GPU-level indexes until materialize() maps them.
+// buffer ids hold GPU-level indexes until materialize() maps them. A `nop` (__syncthreads) goes in only where the
+// executor needs one: before a data operation that touches what an earlier one since the last nop wrote (or writes
+// what it read), before a data operation after a wait, and before a signal that must cover earlier data operations.
+// Consecutive waits (or signals) on channels of one type become one operation (up to 8 channels).
 class BlockBuilder {
  public:
+  using Resolve = std::function<int(BufferKind, int)>;  // (buffer, chunk) -> physical chunk id on this rank
+  explicit BlockBuilder(Resolve resolve) : resolve_(std::move(resolve)) {}
+
   void emit(Op op) {
     const bool control = controlOp(op);
-    if (!ops_.empty() && !lastNop_ && !(lastControl_ && control)) ops_.push_back(Op{});
-    lastControl_ = control;
-    lastNop_ = false;
+    std::set<int> reads;
+    std::set<int> writes;
+    for (const auto& b : op.src) cellsOf(b, reads);
+    for (const auto& b : op.dst) cellsOf(b, writes);
+    bool nop = false;
+    if (!control) {
+      nop = waited_ || touches(reads, written_) || touches(writes, written_) || touches(writes, read_);
+    } else if (op.type == OpType::Signal || op.type == OpType::RelaxedSignal || op.type == OpType::SemRelease) {
+      nop = dataSinceNop_;
+    } else {
+      nop = touches(reads, written_);  // a port put of what a data operation just wrote
+    }
+    if (nop && !ops_.empty()) {
+      ops_.push_back(Op{});
+      read_.clear();
+      written_.clear();
+      waited_ = false;
+      dataSinceNop_ = false;
+    }
+    if (!nop && !ops_.empty() && mergeable(ops_.back(), op)) {
+      ops_.back().channelIds.push_back(op.channelIds.front());
+      return;
+    }
+    if (op.type == OpType::Wait || op.type == OpType::RelaxedWait || op.type == OpType::SemAcquire) waited_ = true;
+    if (!control) dataSinceNop_ = true;
+    read_.insert(reads.begin(), reads.end());
+    written_.insert(writes.begin(), writes.end());
     ops_.push_back(std::move(op));
   }
   std::vector<Op>& ops() { return ops_; }
 
  private:
+  static bool touches(const std::set<int>& a, const std::set<int>& b) {
+    return std::any_of(a.begin(), a.end(), [&](int x) { return b.count(x) > 0; });
+  }
+  static bool mergeable(const Op& last, const Op& op) {
+    return (op.type == OpType::Wait || op.type == OpType::Signal) && last.type == op.type &&
+           last.channelType == op.channelType && op.channelIds.size() == 1 &&
+           last.channelIds.size() < static_cast<std::size_t>(kMaxChannelsPerOperation) &&
+           std::find(last.channelIds.begin(), last.channelIds.end(), op.channelIds.front()) == last.channelIds.end();
+  }
+  void cellsOf(const BufferRef& b, std::set<int>& out) const {
+    if (b.kind != BufferRef::Kind::Local) return;
+    for (int c = b.index; c < b.index + b.size; ++c) out.insert(resolve_(b.buffer, c));
+  }
+
+  Resolve resolve_;
   std::vector<Op> ops_;
-  bool lastControl_ = false;
-  bool lastNop_ = false;
+  std::set<int> read_;
+  std::set<int> written_;
+  bool waited_ = false;
+  bool dataSinceNop_ = false;
 };
 
 Op channelOp(OpType t, ChannelType type, int gpuChannel) {
@@ -377,14 +424,18 @@ core::Result<ExportResult> exportPlan(const Schedule& s, const ExportOptions& op
       for (std::size_t i = 0; i < rp.threadBlocks[t].steps.size(); ++i)
         groups[find(static_cast<int>(t))].emplace_back(static_cast<int>(t), static_cast<int>(i));
     // Blocks without steps still hold connections only when they send or receive; a block with no steps has none.
-    int semaphores = 0;
+    int links = 0;
     for (auto& [root, steps] : groups) {
       (void)root;
       std::sort(steps.begin(), steps.end(), [&](const auto& a, const auto& b) {
         return topoIndex[static_cast<std::size_t>(idOf(r, a.first, a.second))] <
                topoIndex[static_cast<std::size_t>(idOf(r, b.first, b.second))];
       });
-      BlockBuilder bb;
+      BlockBuilder bb([&](BufferKind b, int chunk) {
+        const core::Slot slot =
+            b == BufferKind::Scratch ? core::Slot{b, chunk} : core::resolveSlot(s, r, mode, b, chunk);
+        return static_cast<int>(slot.buf) * (1 << 24) + slot.index;
+      });
       std::set<int> blocks;
       for (const auto& [t, i] : steps) blocks.insert(t);
       if (!packets) {
@@ -513,21 +564,31 @@ core::Result<ExportResult> exportPlan(const Schedule& s, const ExportOptions& op
             break;
         }
       }
-      // Split beyond the executor's 64 operations, chaining the parts with device semaphores.
+      // Split beyond the executor's 64 operations, chaining the parts: the first 16 links with device semaphores
+      // (release at the end of a part, acquire at the start of the next), the next 16 with two-block barriers.
       auto& ops = bb.ops();
       if (ops.empty()) continue;
-      const std::size_t parts = (ops.size() + kPayloadPerSplitBlock - 1) / kPayloadPerSplitBlock;
       if (ops.size() <= static_cast<std::size_t>(kMaxOperationsPerThreadBlock)) {
         gpu.threadBlocks.push_back(materialize(static_cast<int>(gpu.threadBlocks.size()), std::move(ops)));
         continue;
       }
+      const std::size_t parts = (ops.size() + kPayloadPerSplitBlock - 1) / kPayloadPerSplitBlock;
+      auto linkOp = [&](int link, bool arrive) {
+        Op o;
+        if (link < kMaxDeviceSemaphores) {
+          o.type = arrive ? OpType::SemRelease : OpType::SemAcquire;
+          o.semaphoreIds = {link};
+        } else {
+          o.type = OpType::Barrier;
+          o.barrierId = link - kMaxDeviceSemaphores;
+          o.numThreadBlocks = 2;
+        }
+        return o;
+      };
       for (std::size_t p = 0; p < parts; ++p) {
         std::vector<Op> part;
         if (p > 0) {
-          Op acq;
-          acq.type = OpType::SemAcquire;
-          acq.semaphoreIds = {semaphores - 1};
-          part.push_back(acq);
+          part.push_back(linkOp(links - 1, false));
           part.push_back(Op{});
         }
         const std::size_t from = p * kPayloadPerSplitBlock;
@@ -536,22 +597,19 @@ core::Result<ExportResult> exportPlan(const Schedule& s, const ExportOptions& op
                     ops.begin() + static_cast<std::ptrdiff_t>(to));
         if (p + 1 < parts) {
           if (part.back().type != OpType::Nop) part.push_back(Op{});
-          Op rel;
-          rel.type = OpType::SemRelease;
-          rel.semaphoreIds = {semaphores};
-          part.push_back(rel);
-          gpu.semaphoreInit.push_back(0);
-          ++semaphores;
+          if (links < kMaxDeviceSemaphores) gpu.semaphoreInit.push_back(0);
+          part.push_back(linkOp(links, true));
+          ++links;
           ++result.splitBlocks;
         }
         gpu.threadBlocks.push_back(materialize(static_cast<int>(gpu.threadBlocks.size()), std::move(part)));
       }
     }
-    if (semaphores > kMaxDeviceSemaphores) {
-      return fail(
-          fmt::format("rank {} needs {} device semaphores to split its thread blocks under {} operations; "
-                      "MSCCL++ {} holds {} (MAX_DEVICE_SEMAPHORES)",
-                      r, semaphores, kMaxOperationsPerThreadBlock, kPinnedVersion, kMaxDeviceSemaphores));
+    if (links > kMaxDeviceSemaphores + kMaxDeviceSyncers) {
+      return fail(fmt::format(
+          "rank {}: its program needs {} links between thread blocks to stay under {} operations per block; MSCCL++ "
+          "{} offers {} device semaphores (MAX_DEVICE_SEMAPHORES) and {} barriers (MAX_DEVICE_SYNCERS)",
+          r, links, kMaxOperationsPerThreadBlock, kPinnedVersion, kMaxDeviceSemaphores, kMaxDeviceSyncers));
     }
   }
   if (result.splitBlocks > 0) {

@@ -274,15 +274,14 @@ class Model {
   // Vector clocks.
   std::vector<int> chain_, pos_;
   int chains_ = 0;
-  std::vector<std::uint32_t> memClock_, ctlClock_;
+  std::vector<std::vector<std::uint32_t>> memClock_, ctlClock_;
 
  public:
   bool hb(int a, int b, bool memory) const {
     if (a == b) return true;
-    const auto& vc = memory ? memClock_ : ctlClock_;
-    return vc[static_cast<std::size_t>(b) * static_cast<std::size_t>(chains_) +
-              static_cast<std::size_t>(chain_[static_cast<std::size_t>(a)])] >=
-           static_cast<std::uint32_t>(pos_[static_cast<std::size_t>(a)]);
+    const auto& row = (memory ? memClock_ : ctlClock_)[static_cast<std::size_t>(b)];
+    const auto c = static_cast<std::size_t>(chain_[static_cast<std::size_t>(a)]);
+    return c < row.size() && row[c] >= static_cast<std::uint32_t>(pos_[static_cast<std::size_t>(a)]);
   }
   const std::vector<int>& starts() const { return start_; }
   std::vector<TermPtr> finalValues_;
@@ -1299,52 +1298,66 @@ bool Model::order(std::vector<int>& out, std::mt19937_64* shuffle) const {
 }
 
 bool Model::clocks(const std::vector<int>& topo) {
+  // Chains are grown in topological order: an event extends a chain whose last event happens before it (through
+  // memory-ordering edges), preferring a direct predecessor's; otherwise it starts a chain. Clock rows are as wide
+  // as the chain count when the event is reached (later chains are 0 there).
   const std::size_t n = events_.size();
   chain_.assign(n, -1);
   pos_.assign(n, 0);
-  std::vector<int> tail;  // last event of each chain
+  memClock_.assign(n, {});
+  ctlClock_.assign(n, {});
+  std::vector<int> tail;
+  std::int64_t cells = 0;
   for (int e : topo) {
+    const auto ue = static_cast<std::size_t>(e);
+    auto& mem = memClock_[ue];
+    auto& ctl = ctlClock_[ue];
+    mem.assign(tail.size() + 1, 0);
+    ctl.assign(tail.size() + 1, 0);
+    for (const auto& p : events_[ue].preds) {
+      const auto& pc = ctlClock_[static_cast<std::size_t>(p.event)];
+      const auto& pm = memClock_[static_cast<std::size_t>(p.event)];
+      for (std::size_t c = 0; c < pc.size(); ++c) ctl[c] = std::max(ctl[c], pc[c]);
+      if (p.memory)
+        for (std::size_t c = 0; c < pm.size(); ++c) mem[c] = std::max(mem[c], pm[c]);
+    }
     int c = -1;
-    for (const auto& p : events_[static_cast<std::size_t>(e)].preds) {
-      if (!p.memory) continue;
-      const int pc = chain_[static_cast<std::size_t>(p.event)];
-      if (tail[static_cast<std::size_t>(pc)] == p.event) {
-        c = pc;
+    for (const auto& p : events_[ue].preds) {
+      const int pcn = chain_[static_cast<std::size_t>(p.event)];
+      if (p.memory && tail[static_cast<std::size_t>(pcn)] == p.event) {
+        c = pcn;
         break;
+      }
+    }
+    if (c < 0) {
+      for (std::size_t k = 0; k < tail.size(); ++k) {
+        if (mem[k] != 0 && mem[k] == static_cast<std::uint32_t>(pos_[static_cast<std::size_t>(tail[k])])) {
+          c = static_cast<int>(k);
+          break;
+        }
       }
     }
     if (c < 0) {
       c = static_cast<int>(tail.size());
       tail.push_back(e);
-      pos_[static_cast<std::size_t>(e)] = 1;
+      pos_[ue] = 1;
     } else {
-      pos_[static_cast<std::size_t>(e)] = pos_[static_cast<std::size_t>(tail[static_cast<std::size_t>(c)])] + 1;
+      pos_[ue] = pos_[static_cast<std::size_t>(tail[static_cast<std::size_t>(c)])] + 1;
       tail[static_cast<std::size_t>(c)] = e;
     }
-    chain_[static_cast<std::size_t>(e)] = c;
+    chain_[ue] = c;
+    mem.resize(tail.size(), 0);
+    ctl.resize(tail.size(), 0);
+    mem[static_cast<std::size_t>(c)] = static_cast<std::uint32_t>(pos_[ue]);
+    ctl[static_cast<std::size_t>(c)] = static_cast<std::uint32_t>(pos_[ue]);
+    cells += static_cast<std::int64_t>(tail.size());
+    if (cells > kClockBudget) {
+      error(Property::Shape, -1, -1, -1,
+            fmt::format("{} events over {}+ parallel chains is beyond the verifier's budget", n, tail.size()));
+      return false;
+    }
   }
   chains_ = static_cast<int>(tail.size());
-  const std::size_t width = static_cast<std::size_t>(chains_);
-  if (static_cast<std::int64_t>(n) * static_cast<std::int64_t>(width) > kClockBudget) {
-    error(Property::Shape, -1, -1, -1,
-          fmt::format("{} events over {} parallel chains is beyond the verifier's budget", n, width));
-    return false;
-  }
-  memClock_.assign(n * width, 0);
-  ctlClock_.assign(n * width, 0);
-  for (int e : topo) {
-    const std::size_t row = static_cast<std::size_t>(e) * width;
-    for (const auto& p : events_[static_cast<std::size_t>(e)].preds) {
-      const std::size_t prow = static_cast<std::size_t>(p.event) * width;
-      for (std::size_t c = 0; c < width; ++c) {
-        ctlClock_[row + c] = std::max(ctlClock_[row + c], ctlClock_[prow + c]);
-        if (p.memory) memClock_[row + c] = std::max(memClock_[row + c], memClock_[prow + c]);
-      }
-    }
-    const std::size_t own = row + static_cast<std::size_t>(chain_[static_cast<std::size_t>(e)]);
-    memClock_[own] = static_cast<std::uint32_t>(pos_[static_cast<std::size_t>(e)]);
-    ctlClock_[own] = static_cast<std::uint32_t>(pos_[static_cast<std::size_t>(e)]);
-  }
   return true;
 }
 

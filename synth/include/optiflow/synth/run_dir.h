@@ -8,6 +8,7 @@
 //                             error, time_us, bound_us, nccl_us, config, bottleneck}]}
 //   DIR/programs/ID.ofl       the program of every winning candidate
 //   DIR/schedules/COLL-SIZE.json, .xml   each size's winning schedule, native JSON and MSCCL XML
+//   DIR/schedules/COLL-SIZE.mscclpp.json  its MSCCL++ execution plan (where the collective has one)
 //
 // plan.json:
 //   {"format": "optiflow-plan", "version": 1, "optiflow_version": "0.1.0",
