@@ -122,6 +122,10 @@ int runConvertToMscclpp(const std::string& path, int ranksPerNode, const std::st
 // `optiflow export mscclpp RUN_DIR -o DIR`: every winning schedule of a run as proven MSCCL++ plans (one per
 // collective, buffer mode and size range) and DIR/manifest.json saying what each serves.
 int runExportMscclpp(const std::string& runDir, const std::string& outDir);
+// `optiflow simulate PLAN.json`: the MSCCL++ plan's predicted time per size (compiler::mscclpp::timePlan) beside
+// the lower bound.
+int runSimulateMscclpp(const std::string& path, const std::string& text, const core::Topology& topology,
+                       const std::vector<std::uint64_t>& sizes, bool json);
 
 int runCalibrate(const CalibrateArgs& args);
 int runCompile(const CompileArgs& args);

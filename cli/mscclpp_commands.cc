@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -16,6 +17,7 @@
 #include "optiflow/core/collective.h"
 #include "optiflow/core/text_file.h"
 #include "optiflow/core/units.h"
+#include "optiflow/sim/bounds.h"
 #include "optiflow/synth/run_dir.h"
 
 namespace optiflow::cli {
@@ -170,6 +172,9 @@ int runExportMscclpp(const std::string& runDir, const std::string& outDir) {
     fmt::print(stderr, "optiflow: cannot create {}: {}\n", outDir, ec.message());
     return kExitBadInput;
   }
+  auto topoLoaded = core::loadTopology(plan->topology);
+  std::optional<core::Topology> topo;
+  if (topoLoaded) topo = std::move(topoLoaded).value();
   const int perNode = plan->gpusPerNode > 0 ? plan->gpusPerNode : (plan->nodes > 0 ? plan->ranks / plan->nodes : 0);
   nlohmann::ordered_json manifest;
   manifest["format"] = "optiflow-mscclpp-plans";
@@ -220,6 +225,16 @@ int runExportMscclpp(const std::string& runDir, const std::string& outDir) {
         }
         rs.emplace_back(e.minBytes, e.maxBytes);
         const std::string name = o.name + ".json";
+        // Honest times: the MSCCL-style schedule's predicted time (what synthesis ranked) and the plan's own.
+        std::optional<double> planUs;
+        if (topo) {
+          const auto t = mpp::timePlan(exported->plan, *topo, e.sizeBytes);
+          if (t.ok) planUs = t.timeUs;
+        }
+        if (planUs && std::abs(*planUs - e.best->timeUs) > 0.1 * e.best->timeUs) {
+          fmt::print("{} ({}): predicted {:.2f} us as an MSCCL-style schedule, {:.2f} us as this MSCCL++ plan\n",
+                     e.best->scheduleJson, inPlace ? "in-place" : "out-of-place", e.best->timeUs, *planUs);
+        }
         if (!writeFile(fs::path(outDir) / name, mpp::writeMscclppPlan(exported->plan))) return kExitBadInput;
         manifest["plans"].push_back({{"file", name},
                                      {"name", exported->plan.name},
@@ -232,7 +247,8 @@ int runExportMscclpp(const std::string& runDir, const std::string& outDir) {
                                      {"protocol", exported->plan.protocol == core::Protocol::LL ? "LL" : "Simple"},
                                      {"reduce_op", coll.collective == core::Collective::AllGather ? "none" : "sum"},
                                      {"schedule", e.best->scheduleJson},
-                                     {"predicted_us", e.best->timeUs}});
+                                     {"predicted_us", e.best->timeUs},
+                                     {"plan_predicted_us", planUs ? nlohmann::json(*planUs) : nlohmann::json()}});
         ++written;
       }
     }
@@ -241,6 +257,58 @@ int runExportMscclpp(const std::string& runDir, const std::string& outDir) {
   fmt::print("{}: {} MSCCL++ plans (each proven), manifest.json; {} skipped\n", outDir, written,
              manifest["skipped"].size());
   return written > 0 ? kExitOk : kExitFailed;
+}
+
+int runSimulateMscclpp(const std::string& path, const std::string& text, const core::Topology& topology,
+                       const std::vector<std::uint64_t>& sizes, bool json) {
+  auto plan = mpp::parseMscclppPlan(text, path);
+  if (!plan) {
+    fmt::print(stderr, "optiflow: {}\n", plan.error().str());
+    return kExitBadInput;
+  }
+  const sim::BoundModel bounds(topology);
+  nlohmann::json rows = nlohmann::json::array();
+  bool below = false;
+  if (!json) {
+    fmt::print("{} (MSCCL++ plan {}, {} on {} ranks) on {}\n", path, plan->name, core::toString(plan->collective),
+               plan->gpus.size(), topology.name);
+    fmt::print("{:>10} {:>12} {:>12} {:>12} {:>12}\n", "size", "time_us", "path_us", "bandwidth_us", "bound_us");
+  }
+  for (std::uint64_t size : sizes) {
+    const auto t = mpp::timePlan(*plan, topology, size);
+    if (!t.ok) {
+      fmt::print(stderr, "optiflow: {}: {}\n", path, t.error);
+      return kExitBadInput;
+    }
+    const sim::Bound b = bounds.bound(plan->collective, size);
+    const bool under = t.timeUs < b.timeUs * (1 - 1e-9);
+    below = below || under;
+    if (json) {
+      rows.push_back({{"size_bytes", size},
+                      {"time_us", t.timeUs},
+                      {"path_us", t.pathUs},
+                      {"bandwidth_us", t.bandwidthUs},
+                      {"bound_us", b.timeUs},
+                      {"below_bound", under}});
+    } else {
+      fmt::print("{:>10} {:>12.2f} {:>12.2f} {:>12.2f} {:>12.2f}{}\n", core::formatSize(size), t.timeUs, t.pathUs,
+                 t.bandwidthUs, b.timeUs, under ? "  BELOW THE BOUND (model bug)" : "");
+    }
+  }
+  if (json) {
+    nlohmann::json j;
+    j["plan"] = path;
+    j["name"] = plan->name;
+    j["format"] = "mscclpp";
+    j["topology"] = topology.name;
+    j["rows"] = rows;
+    std::cout << j.dump(2) << '\n';
+  }
+  if (below) {
+    fmt::print(stderr, "optiflow: a predicted time is below the lower bound: this is a bug, please report it\n");
+    return kExitFailed;
+  }
+  return kExitOk;
 }
 
 }  // namespace optiflow::cli

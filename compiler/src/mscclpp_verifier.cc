@@ -191,6 +191,8 @@ class Model {
   void checkRaces();
   void execute(const std::vector<int>& topo, bool reductionOrder);
   bool runBytes(const std::vector<int>& topo, int elements, std::uint64_t seed, PlanRunReport& run) const;
+  PlanTiming time(const std::vector<int>& topo, const core::Topology& topology, std::uint64_t sizeBytes,
+                  const PlanTimingParams& params) const;
 
   std::size_t eventCount() const { return events_.size(); }
 
@@ -1726,6 +1728,94 @@ VerifyReport verifyPlan(const Plan& plan, const PlanVerifyOptions& options) {
   return report;
 }
 
+PlanTiming Model::time(const std::vector<int>& topo, const core::Topology& topology, std::uint64_t sizeBytes,
+                       const PlanTimingParams& p) const {
+  PlanTiming t;
+  // Bytes of one cell: the buffer the size counts, cut into its chunks and the chunks into cells.
+  const int chunks = plan_.collective == core::Collective::AllGather ? logicalSize(0, BufferKind::Output)
+                                                                     : logicalSize(0, BufferKind::Input);
+  if (chunks <= 0) {
+    t.error = "the plan declares no chunks";
+    return t;
+  }
+  const double cellBytes = static_cast<double>(sizeBytes) / chunks / cellsPerChunk_;
+  const int perNode = std::max(1, topology.gpusPerNode);
+  const double nvlinkGBps = std::max(1e-3, topology.intra.gpuBandwidthGBps * p.nvlinkEfficiency);
+  auto nicGBps = [&](int rank) {
+    const int local = rank % perNode;
+    for (const auto& nic : topology.nics)
+      if (std::find(nic.gpus.begin(), nic.gpus.end(), local) != nic.gpus.end())
+        return nic.bandwidthGBps * p.nicEfficiency;
+    return topology.nics.empty() ? nvlinkGBps : topology.nics.front().bandwidthGBps * p.nicEfficiency;
+  };
+  auto nicLatency = [&]() {
+    return (topology.nics.empty() ? 0.0 : topology.nics.front().latencyUs) + 2 * topology.inter.switchLatencyUs;
+  };
+  std::vector<double> finish(events_.size(), 0.0);
+  std::map<std::pair<int, int>, double> busy;  // (rank, block) -> when its threads are free
+  std::vector<double> nvBytes(static_cast<std::size_t>(n_), 0.0);
+  std::vector<double> netBytes(static_cast<std::size_t>(n_), 0.0);
+  for (int e : topo) {
+    const Event& ev = events_[static_cast<std::size_t>(e)];
+    double start = 0;
+    for (const auto& pr : ev.preds) {
+      const Event& pe = events_[static_cast<std::size_t>(pr.event)];
+      double lat = 0;
+      if (pe.kind == EventKind::Op && ev.kind == EventKind::Op && pe.rank != ev.rank) {
+        const bool net = topology.nodeOf(pe.rank) != topology.nodeOf(ev.rank);
+        const bool packet = isPacketOp(pe.o->type);
+        lat = net ? nicLatency() + (packet ? 0.0 : p.portSignalUs)
+                  : topology.intra.latencyUs + (packet ? 0.0 : p.signalUs);
+      }
+      start = std::max(start, finish[static_cast<std::size_t>(pr.event)] + lat);
+    }
+    double duration = 0;
+    if (ev.kind == EventKind::Op) {
+      if (ev.o->type == OpType::Nop || ev.o->type == OpType::Barrier) duration = p.nopUs;
+      double bytesOut = 0;
+      double localBytes = 0;
+      bool net = false;
+      for (const auto& x : xfers_[static_cast<std::size_t>(e)]) {
+        for (const auto& d : x.dsts) {
+          if (d.cells.empty()) continue;
+          const double b = static_cast<double>(d.cells.size()) * cellBytes / (d.packet ? p.llEfficiency : 1.0);
+          const int owner = cellInfo_[static_cast<std::size_t>(d.cells.front())].rank;
+          if (owner == ev.rank) {
+            localBytes += b;
+          } else {
+            bytesOut += b;
+            const bool crosses = topology.nodeOf(owner) != topology.nodeOf(ev.rank);
+            net = net || crosses;
+            (crosses ? netBytes : nvBytes)[static_cast<std::size_t>(ev.rank)] += b;
+          }
+        }
+        for (const auto& s : x.srcs) {
+          if (s.cells.empty()) continue;
+          const int owner = cellInfo_[static_cast<std::size_t>(s.cells.front())].rank;
+          if (owner != ev.rank) bytesOut += static_cast<double>(s.cells.size()) * cellBytes;  // remote reads
+        }
+      }
+      const double linkGBps = net ? nicGBps(ev.rank) : nvlinkGBps;
+      duration +=
+          localBytes / (std::min(p.localGBps, p.blockGBps) * 1e3) + bytesOut / (std::min(linkGBps, p.blockGBps) * 1e3);
+      if (!isControl(*ev.o) || bytesOut + localBytes > 0) {
+        auto& f = busy[{ev.rank, ev.tb}];
+        start = std::max(start, f);
+        f = start + duration;
+      }
+    }
+    finish[static_cast<std::size_t>(e)] = start + duration;
+    t.pathUs = std::max(t.pathUs, finish[static_cast<std::size_t>(e)]);
+  }
+  for (int r = 0; r < n_; ++r) {
+    t.bandwidthUs = std::max(t.bandwidthUs, nvBytes[static_cast<std::size_t>(r)] / (nvlinkGBps * 1e3));
+    t.bandwidthUs = std::max(t.bandwidthUs, netBytes[static_cast<std::size_t>(r)] / (nicGBps(r) * 1e3));
+  }
+  t.timeUs = p.launchUs + std::max(t.pathUs, t.bandwidthUs);
+  t.ok = true;
+  return t;
+}
+
 PlanRunReport runPlan(const Plan& plan, const PlanRunOptions& options) {
   PlanRunReport run;
   VerifyReport scratch;
@@ -1757,6 +1847,26 @@ PlanRunReport runPlan(const Plan& plan, const PlanRunOptions& options) {
     if (f.property == Property::Deadlock) run.errors.push_back(f.str());
   run.passed = passed && run.errors.empty();
   return run;
+}
+
+PlanTiming timePlan(const Plan& plan, const core::Topology& topology, std::uint64_t sizeBytes,
+                    const PlanTimingParams& params) {
+  PlanTiming t;
+  if (static_cast<int>(plan.gpus.size()) != topology.nRanks()) {
+    t.error = fmt::format("the plan has {} ranks but the topology {} has {} GPUs", plan.gpus.size(), topology.name,
+                          topology.nRanks());
+    return t;
+  }
+  VerifyReport scratch;
+  Model model(plan, 2, 32, scratch);
+  std::vector<int> topo;
+  if (!model.build() || !model.order(topo, nullptr)) {
+    t.error = scratch.errors.empty() ? std::string("the plan cannot run: its waits form a cycle")
+                                     : scratch.errors.front().str();
+    return t;
+  }
+  if (model.clocks(topo) && model.resolveShared(topo)) model.order(topo, nullptr);
+  return model.time(topo, topology, sizeBytes, params);
 }
 
 }  // namespace optiflow::compiler::mscclpp

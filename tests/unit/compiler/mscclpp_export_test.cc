@@ -1,5 +1,6 @@
 // Schedule IR -> MSCCL++ plan: every export re-imports from its JSON and is proven, and runs with real bytes (the
 // round trip is the oracle). Ring fixtures of each collective at 1 and 2 nodes, both buffer modes, Simple and LL.
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,8 @@
 #include "optiflow/compiler/mscclpp_plan.h"
 #include "optiflow/compiler/mscclpp_verifier.h"
 #include "optiflow/core/fixtures.h"
+#include "optiflow/core/topology.h"
+#include "optiflow/sim/bounds.h"
 
 namespace {
 
@@ -166,6 +169,55 @@ TEST(MscclppExport, SizeRangeAndNameCarryOver) {
   EXPECT_EQ(plan.minMessageSize, 1024U);
   EXPECT_EQ(plan.maxMessageSize, UINT64_MAX);
   EXPECT_EQ(plan.collectiveName, "allreduce");
+}
+
+}  // namespace
+
+namespace {
+
+// Predicted times of plans: deterministic model outputs (no clock), never below the lower bound, growing with the
+// size, and slower across nodes than inside one.
+TEST(MscclppTiming, PlansAreTimedAboveTheBound) {
+  auto one = optiflow::core::loadTopology("dgx-a100");
+  auto two = optiflow::core::loadTopology("dgx-a100x2");
+  ASSERT_TRUE(one.ok());
+  ASSERT_TRUE(two.ok());
+  for (auto c : {Collective::AllGather, Collective::ReduceScatter, Collective::AllReduce}) {
+    SCOPED_TRACE(optiflow::core::toString(c));
+    auto inNode = mpp::exportPlan(ring(c, 8, 2, false, Protocol::Simple), {});
+    ASSERT_TRUE(inNode.ok()) << inNode.error().str();
+    auto twoNodes = mpp::exportPlan(ring(c, 16, 2, false, Protocol::Simple), perNode(8));
+    ASSERT_TRUE(twoNodes.ok()) << twoNodes.error().str();
+    const optiflow::sim::BoundModel bound1(*one);
+    double last = 0;
+    for (std::uint64_t size : {std::uint64_t{4} << 10, std::uint64_t{1} << 20, std::uint64_t{256} << 20}) {
+      const auto t = mpp::timePlan(inNode->plan, *one, size);
+      ASSERT_TRUE(t.ok) << t.error;
+      EXPECT_GE(t.timeUs, bound1.bound(c, size).timeUs);
+      EXPECT_GT(t.timeUs, last);
+      last = t.timeUs;
+    }
+    const auto far = mpp::timePlan(twoNodes->plan, *two, std::uint64_t{256} << 20);
+    ASSERT_TRUE(far.ok) << far.error;
+    EXPECT_GT(far.timeUs, last);
+    EXPECT_GE(far.timeUs, optiflow::sim::BoundModel(*two).bound(c, std::uint64_t{256} << 20).timeUs);
+    const auto wrong = mpp::timePlan(inNode->plan, *two, 1024);
+    EXPECT_FALSE(wrong.ok);
+    EXPECT_NE(wrong.error.find("16 GPUs"), std::string::npos) << wrong.error;
+  }
+}
+
+// LL plans pay no signal latency but twice the bytes: faster than Simple when small, slower when large.
+TEST(MscclppTiming, PacketsTradeLatencyForBandwidth) {
+  auto topo = optiflow::core::loadTopology("dgx-a100");
+  ASSERT_TRUE(topo.ok());
+  auto ll = mpp::exportPlan(ring(Collective::AllGather, 8, 1, false, Protocol::LL), {});
+  auto simple = mpp::exportPlan(ring(Collective::AllGather, 8, 1, false, Protocol::Simple), {});
+  ASSERT_TRUE(ll.ok() && simple.ok());
+  ASSERT_EQ(ll->plan.protocol, Protocol::LL);
+  EXPECT_LT(mpp::timePlan(ll->plan, *topo, 4096).timeUs, mpp::timePlan(simple->plan, *topo, 4096).timeUs);
+  EXPECT_GT(mpp::timePlan(ll->plan, *topo, std::uint64_t{1} << 30).timeUs,
+            mpp::timePlan(simple->plan, *topo, std::uint64_t{1} << 30).timeUs);
 }
 
 }  // namespace

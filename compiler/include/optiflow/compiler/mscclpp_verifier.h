@@ -22,6 +22,7 @@
 
 #include "optiflow/compiler/mscclpp_plan.h"
 #include "optiflow/compiler/verifier.h"
+#include "optiflow/core/topology.h"
 
 namespace optiflow::compiler::mscclpp {
 
@@ -61,5 +62,37 @@ struct PlanRunReport {
 // same bits) in several random completion orders the dependencies allow, and compares every output chunk with
 // the collective. Never throws.
 PlanRunReport runPlan(const Plan& plan, const PlanRunOptions& options = {});
+
+// What the plan costs on the executor, first order and uncalibrated (docs/mscclpp.md, "Predicted times"): every
+// operation in the dependency order of the proof; a thread block moves data at `blockGBps` at most, a rank's
+// remote writes share its NVLink bandwidth (memory channels) or its NIC (port channels); a signal reaches the
+// waiting rank after the path's latency plus `signalUs` (memory channel: the fence and the flag) or
+// `portSignalUs` (port channel: the proxy's post and the network); LL packets carry half their bytes as flags and
+// need no signal; each nop costs `nopUs`. The plan's time is the longest path or the busiest rank's bytes over its
+// bandwidth, whichever is longer, plus the launch.
+struct PlanTimingParams {
+  double launchUs = 4.0;
+  double blockGBps = 40.0;
+  double localGBps = 1000.0;
+  double signalUs = 0.7;
+  double portSignalUs = 3.0;
+  double nopUs = 0.02;
+  double llEfficiency = 0.5;
+  double nvlinkEfficiency = 0.8;
+  double nicEfficiency = 0.96;
+};
+
+struct PlanTiming {
+  bool ok = false;
+  std::string error;
+  double timeUs = 0;       // the prediction
+  double pathUs = 0;       // the longest dependency path (launch excluded)
+  double bandwidthUs = 0;  // the busiest rank's bytes over its bandwidth
+};
+
+// `sizeBytes` follows nccl-tests (the whole buffer; AllGather: the output). The topology gives the ranks per node,
+// NVLink bandwidth and latency, and the NICs.
+PlanTiming timePlan(const Plan& plan, const core::Topology& topology, std::uint64_t sizeBytes,
+                    const PlanTimingParams& params = {});
 
 }  // namespace optiflow::compiler::mscclpp
