@@ -183,7 +183,11 @@ class Selector:
         if entry is None:
             self.declined += 1
             return None
-        algo = (algorithms or {}).get(entry.collective, {}).get(entry.name) or self.algorithms.get(entry.name)
+        algo = (algorithms or {}).get(entry.collective, {}).get(entry.name)
+        if algo is None and entry.name in self.algorithms:
+            # Not in the collection passed in: hand back the native algorithm registered for the plan.
+            registered = self.algorithms[entry.name]
+            algo = getattr(registered, "_algorithm", registered)
         if algo is None:
             self.declined += 1
             return None
@@ -254,7 +258,7 @@ def register(
     if mscclpp_module is None:
         import mscclpp as mscclpp_module  # noqa: F811 (imported lazily: the module is optional)
     version = str(getattr(mscclpp_module, "__version__", "unknown"))
-    if version != PINNED_MSCCLPP_VERSION:
+    if version.split("+")[0] != PINNED_MSCCLPP_VERSION:
         message = (
             f"optiflow_mscclpp: plans are written for MSCCL++ {PINNED_MSCCLPP_VERSION}, found {version}; "
             "the plan schema changed between versions"
