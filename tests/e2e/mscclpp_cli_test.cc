@@ -165,4 +165,35 @@ TEST_F(MscclppCli, SynthesizeWritesPlansAndExportMakesADirectory) {
   EXPECT_EQ(run(fmt::format("export mscclpp {} -o {}", (dir_ / "missing").string(), out.string())).rc, 2);
 }
 
+// Synthesized winners of each collective at one and two nodes: every plan written is proven and runs; a winner
+// that cannot be a plan is skipped with the executor limit and rank named.
+TEST_F(MscclppCli, SynthesizedWinnersOfEachCollectiveAtOneAndTwoNodes) {
+  int plans = 0;
+  for (const std::string topo : {"dgx-a100", "dgx-a100x2"}) {
+    for (const std::string coll : {"allgather", "reducescatter", "allreduce"}) {
+      SCOPED_TRACE(topo + " " + coll);
+      const fs::path runDir = dir_ / (topo + "-" + coll);
+      const auto s = run(fmt::format("synthesize --topo {} --coll {} --sizes 4KiB --rounds 1 --quiet --out {}", topo,
+                                     coll, runDir.string()));
+      ASSERT_EQ(s.rc, 0) << s.err;
+      const fs::path out = dir_ / (topo + "-" + coll + "-plans");
+      const auto e = run(fmt::format("export mscclpp {} -o {}", runDir.string(), out.string()));
+      const auto manifest = json::parse(slurp(out / "manifest.json"));
+      for (const auto& skipped : manifest["skipped"]) {
+        const std::string reason = skipped["reason"];
+        EXPECT_TRUE(contains(reason, "rank ") && contains(reason, "MAX_")) << reason;
+      }
+      EXPECT_EQ(e.rc, manifest["plans"].empty() ? 1 : 0) << e.out << e.err;
+      for (const auto& p : manifest["plans"]) {
+        const fs::path file = out / p["file"].get<std::string>();
+        EXPECT_EQ(run("verify " + file.string()).rc, 0) << file;
+        EXPECT_EQ(run("check --elements 2 " + file.string()).rc, 0) << file;
+        EXPECT_TRUE(p["plan_predicted_us"].is_number());
+        ++plans;
+      }
+    }
+  }
+  EXPECT_GE(plans, 8);
+}
+
 }  // namespace
