@@ -77,7 +77,41 @@ class BlockBuilder {
   using Resolve = std::function<int(BufferKind, int)>;  // (buffer, chunk) -> physical chunk id on this rank
   explicit BlockBuilder(Resolve resolve) : resolve_(std::move(resolve)) {}
 
+  // The signal that follows a put: held back while more puts (or fused reduce-and-puts) follow, so that a run of
+  // sends costs one nop and one signal over all their channels. It goes out before anything else, a wait above all
+  // (holding it past a wait could deadlock).
+  void signalLater(Op op) { pending_.push_back(std::move(op)); }
+  void flush() {
+    auto pending = std::move(pending_);
+    pending_.clear();
+    for (auto& p : pending) emitNow(std::move(p));
+  }
+  void release() {
+    auto held = std::move(held_);
+    held_.clear();
+    for (auto& h : held) emitNow(std::move(h));
+  }
+
+  // The local consumption of a received chunk (copy or reduce out of its slot): held back while more waits
+  // follow, so that a run of receives costs one wait over all their channels and one nop. Moving a wait ahead of
+  // a copy or reduce never delays a signal, so it cannot deadlock.
+  void consumeLater(Op op) { held_.push_back(std::move(op)); }
+
   void emit(Op op) {
+    const bool batchable = op.type == OpType::Put || op.type == OpType::ReduceSend;
+    if (!held_.empty() && op.type != OpType::Wait) release();
+    if (!pending_.empty() && !batchable) flush();
+    emitNow(std::move(op));
+  }
+
+  std::vector<Op>& ops() {
+    release();
+    flush();
+    return ops_;
+  }
+
+ private:
+  void emitNow(Op op) {
     const bool control = controlOp(op);
     std::set<int> reads;
     std::set<int> writes;
@@ -108,9 +142,6 @@ class BlockBuilder {
     written_.insert(writes.begin(), writes.end());
     ops_.push_back(std::move(op));
   }
-  std::vector<Op>& ops() { return ops_; }
-
- private:
   static bool touches(const std::set<int>& a, const std::set<int>& b) {
     return std::any_of(a.begin(), a.end(), [&](int x) { return b.count(x) > 0; });
   }
@@ -127,6 +158,8 @@ class BlockBuilder {
 
   Resolve resolve_;
   std::vector<Op> ops_;
+  std::vector<Op> pending_;
+  std::vector<Op> held_;
   std::set<int> read_;
   std::set<int> written_;
   bool waited_ = false;
@@ -483,7 +516,7 @@ core::Result<ExportResult> exportPlan(const Schedule& s, const ExportOptions& op
           } else {
             o.type = OpType::Put;
             bb.emit(o);
-            bb.emit(channelOp(OpType::Signal, oc->type, oc->senderChannel));
+            bb.signalLater(channelOp(OpType::Signal, oc->type, oc->senderChannel));
           }
         };
         auto waitIn = [&]() {
@@ -498,12 +531,16 @@ core::Result<ExportResult> exportPlan(const Schedule& s, const ExportOptions& op
           if (remoteOut) o.channelType = ChannelType::Memory;
           bb.emit(o);
         };
-        auto copyOp = [&](OpType t2, const BufferRef& from, const BufferRef& to) {
+        auto copyOp = [&](OpType t2, const BufferRef& from, const BufferRef& to, bool hold = false) {
           Op o;
           o.type = t2;
           o.src = {from};
           o.dst = {to};
-          bb.emit(o);
+          if (hold) {
+            bb.consumeLater(o);
+          } else {
+            bb.emit(o);
+          }
         };
         switch (st.op) {
           case StepOp::Nop:
@@ -519,7 +556,7 @@ core::Result<ExportResult> exportPlan(const Schedule& s, const ExportOptions& op
             break;
           case StepOp::Recv:
             waitIn();
-            copyOp(packets ? OpType::UnpackPackets : OpType::Copy, slot, dst);
+            copyOp(packets ? OpType::UnpackPackets : OpType::Copy, slot, dst, !packets);
             break;
           case StepOp::RecvCopySend:
             waitIn();
@@ -539,7 +576,7 @@ core::Result<ExportResult> exportPlan(const Schedule& s, const ExportOptions& op
             waitIn();
             if (oc->type == ChannelType::Memory) {
               reduceOp(OpType::ReduceSend, {src, slot}, {slot, remoteRef(oc->remoteBuffer, theirSlot, cnt)}, true);
-              bb.emit(channelOp(OpType::Signal, oc->type, oc->senderChannel));
+              bb.signalLater(channelOp(OpType::Signal, oc->type, oc->senderChannel));
             } else {
               reduceOp(OpType::Reduce, {src, slot}, {slot}, false);
               send(slot);
@@ -547,7 +584,16 @@ core::Result<ExportResult> exportPlan(const Schedule& s, const ExportOptions& op
             break;
           case StepOp::RecvReduceCopy:
             waitIn();
-            reduceOp(packets ? OpType::ReducePackets : OpType::Reduce, {src, slot}, {dst}, false);
+            if (packets) {
+              reduceOp(OpType::ReducePackets, {src, slot}, {dst}, false);
+            } else {
+              Op o;
+              o.type = OpType::Reduce;
+              o.src = {src, slot};
+              o.dst = {dst};
+              o.reduceOp = "sum";
+              bb.consumeLater(o);
+            }
             break;
           case StepOp::RecvReduceCopySend:
             waitIn();
@@ -556,7 +602,7 @@ core::Result<ExportResult> exportPlan(const Schedule& s, const ExportOptions& op
                        true);
             } else if (oc->type == ChannelType::Memory) {
               reduceOp(OpType::ReduceSend, {src, slot}, {dst, remoteRef(oc->remoteBuffer, theirSlot, cnt)}, true);
-              bb.emit(channelOp(OpType::Signal, oc->type, oc->senderChannel));
+              bb.signalLater(channelOp(OpType::Signal, oc->type, oc->senderChannel));
             } else {
               reduceOp(OpType::Reduce, {src, slot}, {dst}, false);
               send(dst);
