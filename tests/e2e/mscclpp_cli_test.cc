@@ -139,6 +139,11 @@ TEST_F(MscclppCli, SynthesizeWritesPlansAndExportMakesADirectory) {
   ASSERT_EQ(s.rc, 0) << s.err;
   EXPECT_TRUE(fs::exists(runDir / "schedules" / "allgather-4KiB.mscclpp.json"));
   EXPECT_EQ(run("verify " + (runDir / "schedules" / "allgather-1MiB.mscclpp.json").string()).rc, 0);
+  // The run's report links each plan and shows its predicted time where it differs from the schedule's.
+  ASSERT_EQ(run("report " + runDir.string()).rc, 0);
+  const std::string html = slurp(runDir / "report.html");
+  EXPECT_TRUE(contains(html, "<a href=\"schedules/allgather-4KiB.mscclpp.json\">mscclpp</a>")) << html.size();
+  EXPECT_TRUE(contains(html, "(plan ")) << "no plan time in the report";
 
   const fs::path out = dir_ / "plans";
   const auto e = run(fmt::format("export mscclpp {} -o {}", runDir.string(), out.string()));
