@@ -124,6 +124,21 @@ struct CacheArgs {
   std::vector<std::string> railWeights;  // rails set: NAME=WEIGHT
 };
 
+// MSCCL++ execution plans (cli/mscclpp_commands.cc). mscclppPlanText: the file's text when it is an MSCCL++ plan
+// (told by content), nullopt otherwise (not one, or unreadable: the caller's own loader reports that).
+std::optional<std::string> mscclppPlanText(const std::string& path);
+int runVerifyMscclpp(const std::string& path, const std::string& text, bool json);
+int runCheckMscclpp(const std::string& path, const std::string& text, bool json, int elements, std::uint64_t seed);
+// `optiflow convert FILE --to mscclpp`: the schedule (JSON or MSCCL XML) as an MSCCL++ plan.
+int runConvertToMscclpp(const std::string& path, int ranksPerNode, const std::string& mode, const std::string& out);
+// `optiflow export mscclpp RUN_DIR -o DIR`: every winning schedule of a run as proven MSCCL++ plans (one per
+// collective, buffer mode and size range) and DIR/manifest.json saying what each serves.
+int runExportMscclpp(const std::string& runDir, const std::string& outDir);
+// `optiflow simulate PLAN.json`: the MSCCL++ plan's predicted time per size (compiler::mscclpp::timePlan) beside
+// the lower bound.
+int runSimulateMscclpp(const std::string& path, const std::string& text, const core::Topology& topology,
+                       const std::vector<std::uint64_t>& sizes, bool json);
+
 int runCalibrate(const CalibrateArgs& args);
 int runCompile(const CompileArgs& args);
 int runCompare(const CompareArgs& args);

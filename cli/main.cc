@@ -86,6 +86,7 @@ int cmdTopoShow(const std::string& what, const optiflow::core::TopologyHints& hi
 }
 
 int cmdVerify(const std::string& path, bool json, const std::string& mode) {
+  if (auto plan = optiflow::cli::mscclppPlanText(path)) return optiflow::cli::runVerifyMscclpp(path, *plan, json);
   auto s = loadOrReport(path);
   if (!s) return kExitBadInput;
   if (auto m = parseMode(mode)) {
@@ -123,6 +124,9 @@ int cmdVerify(const std::string& path, bool json, const std::string& mode) {
 }
 
 int cmdCheck(const std::string& path, bool json, const std::string& mode, int elements, std::uint64_t seed) {
+  if (auto plan = optiflow::cli::mscclppPlanText(path)) {
+    return optiflow::cli::runCheckMscclpp(path, *plan, json, elements, seed);
+  }
   auto s = loadOrReport(path);
   if (!s) return kExitBadInput;
   optiflow::sim::CheckOptions opts;
@@ -236,11 +240,29 @@ int main(int argc, char** argv) {
   std::string out;
   auto* convert = app.add_subcommand("convert", "Convert a schedule between native JSON and MSCCL XML");
   convert->add_option("file", file, "Schedule file")->required();
-  convert->add_option("--to", to, "Output format")->check(CLI::IsMember({"json", "msccl-xml"}));
+  convert->add_option("--to", to, "Output format")->check(CLI::IsMember({"json", "msccl-xml", "mscclpp"}));
+  int ranksPerNode = 0;
+  convert->add_option("--ranks-per-node", ranksPerNode, "mscclpp: ranks per node (0: all on one node)")
+      ->check(CLI::Range(0, 1 << 20));
+  convert->add_option("--mode", mode, "mscclpp: buffer mode of the plan (default: in-place where supported)")
+      ->check(CLI::IsMember({"in-place", "out-of-place"}));
   convert->add_option("--dialect", dialect, "MSCCL XML dialect (default: the schedule's own)")
       ->check(CLI::IsMember({"new", "old-rt", "old"}));
   convert->add_option("-o,--output", out, "Output file (default: standard output)");
-  convert->callback([&] { rc = (cmdConvert(file, to, dialect, out)); });
+  convert->callback([&] {
+    rc = to == "mscclpp" ? optiflow::cli::runConvertToMscclpp(file, ranksPerNode, mode, out)
+                         : cmdConvert(file, to, dialect, out);
+  });
+
+  auto* exportCmd = app.add_subcommand("export", "Export the winners of a synthesis run for an engine");
+  exportCmd->require_subcommand(1);
+  auto* exportMscclpp =
+      exportCmd->add_subcommand("mscclpp", "MSCCL++ execution plans (proven) and a manifest of what each serves");
+  std::string exportRun;
+  std::string exportOut;
+  exportMscclpp->add_option("run_dir", exportRun, "Run directory of optiflow synthesize")->required();
+  exportMscclpp->add_option("-o,--output", exportOut, "Plan directory to write")->required();
+  exportMscclpp->callback([&] { rc = optiflow::cli::runExportMscclpp(exportRun, exportOut); });
 
   std::string coll = "allgather";
   int ranks = 8;

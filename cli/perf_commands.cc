@@ -68,6 +68,9 @@ void printJsonRows(const nlohmann::json& header, const nlohmann::json& rows) {
 int runSimulate(const std::string& scheduleFile, const PerfArgs& a) {
   auto setup = prepare(a);
   if (!setup) return kExitBadInput;
+  if (auto planText = mscclppPlanText(scheduleFile)) {
+    return runSimulateMscclpp(scheduleFile, *planText, setup->topology, setup->sizes, a.json);
+  }
   auto loaded = compiler::loadSchedule(scheduleFile);
   if (!loaded) {
     fmt::print(stderr, "optiflow: {}\n", loaded.error().str());

@@ -19,8 +19,12 @@
 
 #include <fmt/format.h>
 
+#include "optiflow/compiler/mscclpp_plan.h"
+#include "optiflow/compiler/mscclpp_verifier.h"
 #include "optiflow/core/collective.h"
 #include "optiflow/core/schedule.h"
+#include "optiflow/core/text_file.h"
+#include "optiflow/core/topology.h"
 #include "optiflow/core/units.h"
 #include "optiflow/synth/run_dir.h"
 
@@ -452,7 +456,39 @@ std::string optNum(std::optional<double> v, std::string_view suffix = "") {
   return v ? td(num(*v) + std::string(suffix)) : missing();
 }
 
-void renderCollective(std::string& out, const PlanCollective& c, int index) {
+// The MSCCL++ plan that synthesize wrote beside a winner (schedules/STEM.mscclpp.json), when the run directory has
+// it: its link, and its own predicted time where that differs from the schedule's by more than 10%.
+struct MscclppContext {
+  std::filesystem::path dir;
+  std::optional<core::Topology> topology;
+};
+
+std::string mscclppCell(const MscclppContext& ctx, const PlanEntry& e) {
+  if (!e.best || ctx.dir.empty()) return "";
+  const std::string& json = e.best->scheduleJson;
+  const std::string_view prefix = "schedules/";
+  if (json.rfind(prefix, 0) != 0 || json.find("..") != std::string::npos || json.size() < 5 ||
+      json.compare(json.size() - 5, 5, ".json") != 0) {
+    return "";
+  }
+  const std::string rel = json.substr(0, json.size() - 5) + ".mscclpp.json";
+  const auto text = core::readWholeFile(ctx.dir / rel);
+  if (!text) return "";
+  std::string cell = link(rel, "mscclpp");
+  if (!ctx.topology) return cell;
+  const auto plan = compiler::mscclpp::parseMscclppPlan(*text, rel);
+  if (!plan) return cell;
+  const auto t = compiler::mscclpp::timePlan(*plan, *ctx.topology, e.sizeBytes);
+  if (t.ok && std::abs(t.timeUs - e.best->timeUs) > 0.1 * e.best->timeUs) {
+    cell += fmt::format(
+        " <span class=\"note\" title=\"predicted time of the MSCCL++ plan (one-sided puts and "
+        "signals), beside the schedule's {} \u00b5s\">(plan {} \u00b5s)</span>",
+        num(e.best->timeUs), num(t.timeUs));
+  }
+  return cell;
+}
+
+void renderCollective(std::string& out, const PlanCollective& c, int index, const MscclppContext& mscclpp) {
   auto o = std::back_inserter(out);
   const double factor = core::busBandwidthFactor(c.collective, c.ranks);
   const std::string name = collectiveName(c);
@@ -605,6 +641,7 @@ void renderCollective(std::string& out, const PlanCollective& c, int index) {
     std::vector<std::string> files;
     if (e.best && !e.best->scheduleJson.empty()) files.push_back(link(e.best->scheduleJson, "json"));
     if (e.best && !e.best->scheduleXml.empty()) files.push_back(link(e.best->scheduleXml, "xml"));
+    if (const std::string m = mscclppCell(mscclpp, e); !m.empty()) files.push_back(m);
     row += files.empty() ? missing() : td(fmt::format("{}", fmt::join(files, " ")), "l");
     row += "</tr>\n";
     out += row;
@@ -707,7 +744,7 @@ void renderHistory(std::string& out, const History& h) {
   out += "</table>\n</div>\n<p class=\"note\">Highlighted: the round that improved the size.</p>\n</section>\n";
 }
 
-std::string renderPage(const PlanFile& plan, const std::optional<History>& history) {
+std::string renderPage(const PlanFile& plan, const std::optional<History>& history, const MscclppContext& mscclpp) {
   std::string out;
   auto o = std::back_inserter(out);
   out += "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
@@ -729,7 +766,7 @@ std::string renderPage(const PlanFile& plan, const std::optional<History>& histo
   }
   if (plan.collectives.empty()) out += "<p class=\"note\">The plan holds no collectives.</p>\n";
   for (std::size_t i = 0; i < plan.collectives.size(); ++i) {
-    renderCollective(out, plan.collectives[i], static_cast<int>(i));
+    renderCollective(out, plan.collectives[i], static_cast<int>(i), mscclpp);
   }
   if (history) renderHistory(out, *history);
   out += "</body>\n</html>\n";
@@ -744,7 +781,9 @@ core::Result<std::string> renderReport(const std::filesystem::path& dir) {
     if (!plan) return plan.error();
     auto history = loadHistory(dir);
     if (!history) return history.error();
-    return renderPage(*plan, *history);
+    MscclppContext mscclpp{dir, std::nullopt};
+    if (auto topo = core::loadTopology(plan->topology)) mscclpp.topology = std::move(topo).value();
+    return renderPage(*plan, *history, mscclpp);
   } catch (const std::exception& e) {
     return core::Diagnostic{dir.string(), 0, 0, fmt::format("cannot render the report: {}", e.what())};
   } catch (...) {

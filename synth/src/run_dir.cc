@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "optiflow/compiler/mscclpp_export.h"
 #include "optiflow/compiler/schedule_io.h"
 #include "optiflow/core/units.h"
 
@@ -434,6 +435,14 @@ core::Result<bool> writeRunDirectory(const fs::path& dir, const core::Topology& 
     w = writeText(dir / "schedules" / (stem + ".xml"),
                   compiler::formatSchedule(*sb.schedule, compiler::ScheduleFormat::MscclXml));
     if (!w) return w;
+    // The MSCCL++ execution plan where the collective has one (not Broadcast/Reduce: a plan carries no root);
+    // `optiflow export mscclpp` writes the plan directory with size ranges and a manifest.
+    compiler::mscclpp::ExportOptions eo;
+    eo.ranksPerNode = topology.gpusPerNode;
+    if (auto plan = compiler::mscclpp::exportPlan(*sb.schedule, eo)) {
+      w = writeText(dir / "schedules" / (stem + ".mscclpp.json"), compiler::mscclpp::writeMscclppPlan(plan->plan));
+      if (!w) return w;
+    }
   }
   // The plan last: a reader (the daemon, a report) that sees plan.json sees the files it names.
   return writePlan(dir / "plan.json", makePlan(topology, config, result, info));

@@ -11,6 +11,7 @@
 //   DIR/programs/ID.ofl       the program of every winning candidate
 //   DIR/schedules/COLL-SIZE.json, .xml   each size's winning schedule, native JSON and MSCCL XML
 //   DIR/hardware/round-N/                the hardware evaluator's batch, results.json and launcher.log per round
+//   DIR/schedules/COLL-SIZE.mscclpp.json  its MSCCL++ execution plan (where the collective has one)
 //
 // plan.json:
 //   {"format": "optiflow-plan", "version": 1, "optiflow_version": "0.1.0",
