@@ -42,26 +42,6 @@ struct Pairing {
   int k = 0;
 };
 
-bool controlOp(const Op& o) {
-  switch (o.type) {
-    case OpType::Signal:
-    case OpType::Wait:
-    case OpType::RelaxedSignal:
-    case OpType::RelaxedWait:
-    case OpType::Flush:
-    case OpType::SemAcquire:
-    case OpType::SemRelease:
-      return true;
-    case OpType::Put:
-    case OpType::PutWithSignal:
-    case OpType::PutWithSignalAndFlush:
-    case OpType::PutPackets:
-      return o.channelType == ChannelType::Port;
-    default:
-      return false;
-  }
-}
-
 BufferRef localRef(BufferKind b, int index, int size) { return BufferRef{BufferRef::Kind::Local, b, 0, index, size}; }
 BufferRef remoteRef(int gpuRemoteBuffer, int index, int size) {
   return BufferRef{BufferRef::Kind::Remote, BufferKind::Input, gpuRemoteBuffer, index, size};  // buffer: unused
@@ -112,7 +92,7 @@ class BlockBuilder {
 
  private:
   void emitNow(Op op) {
-    const bool control = controlOp(op);
+    const bool control = isControlOp(op);
     std::set<int> reads;
     std::set<int> writes;
     for (const auto& b : op.src) cellsOf(b, reads);

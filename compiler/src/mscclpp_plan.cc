@@ -464,4 +464,24 @@ std::string writeMscclppPlan(const Plan& plan) {
   return j.dump(2) + "\n";
 }
 
+bool isControlOp(const Op& o) {
+  switch (o.type) {
+    case OpType::Signal:
+    case OpType::Wait:
+    case OpType::RelaxedSignal:
+    case OpType::RelaxedWait:
+    case OpType::Flush:
+    case OpType::SemAcquire:
+    case OpType::SemRelease:
+      return true;
+    case OpType::Put:
+    case OpType::PutWithSignal:
+    case OpType::PutWithSignalAndFlush:
+    case OpType::PutPackets:
+      return o.channelType == ChannelType::Port;
+    default:
+      return false;
+  }
+}
+
 }  // namespace optiflow::compiler::mscclpp

@@ -107,26 +107,6 @@ struct BarrierUse {
   int expected = 0;
 };
 
-bool isControl(const Op& o) {
-  switch (o.type) {
-    case OpType::Signal:
-    case OpType::Wait:
-    case OpType::RelaxedSignal:
-    case OpType::RelaxedWait:
-    case OpType::Flush:
-    case OpType::SemAcquire:
-    case OpType::SemRelease:
-      return true;
-    case OpType::Put:
-    case OpType::PutWithSignal:
-    case OpType::PutWithSignalAndFlush:
-    case OpType::PutPackets:
-      return o.channelType == ChannelType::Port;
-    default:
-      return false;
-  }
-}
-
 bool isPacketOp(OpType t) {
   switch (t) {
     case OpType::PutPackets:
@@ -1042,7 +1022,7 @@ bool Model::build() {
         }
         const int e = newEvent(EventKind::Op, r, t, opIndex, inner, iter, &o);
         addPred(e, lastNop);
-        if (isControl(o)) {
+        if (isControlOp(o)) {
           addPred(e, lastControl);
           lastControl = e;
         }
@@ -1798,7 +1778,7 @@ PlanTiming Model::time(const std::vector<int>& topo, const core::Topology& topol
       const double linkGBps = net ? nicGBps(ev.rank) : nvlinkGBps;
       duration +=
           localBytes / (std::min(p.localGBps, p.blockGBps) * 1e3) + bytesOut / (std::min(linkGBps, p.blockGBps) * 1e3);
-      if (!isControl(*ev.o) || bytesOut + localBytes > 0) {
+      if (!isControlOp(*ev.o) || bytesOut + localBytes > 0) {
         auto& f = busy[{ev.rank, ev.tb}];
         start = std::max(start, f);
         f = start + duration;

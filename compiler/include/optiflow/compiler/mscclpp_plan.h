@@ -97,6 +97,10 @@ struct Op {
   friend bool operator==(const Op&, const Op&) = default;
 };
 
+// A synchronisation rather than a data move: signals, waits, flushes, semaphores, and the puts of a port channel
+// (the proxy moves their data, ordered by the same signals).
+bool isControlOp(const Op& o);
+
 struct BlockChannels {
   ChannelType type = ChannelType::Memory;
   std::vector<int> ids;                    // indexes into the GPU's channels of this type (flattened per peer)
