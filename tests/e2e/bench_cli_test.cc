@@ -20,24 +20,14 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "run_command.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-struct Result {
-  int rc = -1;
-  std::string out;
-  std::string err;
-  double seconds = 0;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using optiflow::testsupport::slurp;
+using Result = optiflow::testsupport::CommandResult;
 
 bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
@@ -70,20 +60,11 @@ class BenchCli : public ::testing::Test {
 
   // `env` is prepended (VAR=value ...); the launcher variables of the test's own environment are cleared.
   Result sh(const std::string& program, const std::string& args, const std::string& env = "") {
-    const fs::path out = dir_ / "stdout.txt";
-    const fs::path err = dir_ / "stderr.txt";
-    const std::string cmd = fmt::format(
-        "env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE "
-        "-u SLURM_PROCID -u SLURM_NTASKS -u PMI_RANK -u PMI_SIZE {} {} {} >{} 2>{}",
-        env, program, args, out.string(), err.string());
-    const auto start = std::chrono::steady_clock::now();
-    const int status = std::system(cmd.c_str());
-    Result r;
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
+    return optiflow::testsupport::runCommand(
+        fmt::format("env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE "
+                    "-u SLURM_PROCID -u SLURM_NTASKS -u PMI_RANK -u PMI_SIZE {} {} {}",
+                    env, program, args),
+        dir_);
   }
   Result bench(const std::string& args, const std::string& env = "") { return sh(OPTIFLOW_BENCH, args, env); }
   Result cli(const std::string& args) { return sh(OPTIFLOW_CLI, args); }

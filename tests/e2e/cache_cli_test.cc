@@ -28,26 +28,17 @@
 #include "optiflow/schedcache/plan.h"
 #include "optiflow/schedcache/reader.h"
 
+#include "run_command.h"
+
 namespace {
 
 namespace fs = std::filesystem;
+using optiflow::testsupport::slurp;
+using CliResult = optiflow::testsupport::CommandResult;
+
 namespace core = optiflow::core;
 namespace sc = optiflow::schedcache;
 using nlohmann::json;
-
-struct CliResult {
-  int rc = -1;
-  std::string out;
-  std::string err;
-  std::string all() const { return out + err; }
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
@@ -104,15 +95,7 @@ class CacheCli : public ::testing::Test {
   }
 
   CliResult run(const std::string& args, const std::string& env = "") {
-    const fs::path out = dir_ / "stdout.txt";
-    const fs::path err = dir_ / "stderr.txt";
-    const std::string cmd = fmt::format("{} {} {} >{} 2>{}", env, OPTIFLOW_CLI, args, out.string(), err.string());
-    const int status = std::system(cmd.c_str());
-    CliResult r;
-    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
+    return optiflow::testsupport::runCommand(fmt::format("{} {} {}", env, OPTIFLOW_CLI, args), dir_);
   }
   CliResult cache(const std::string& args) { return run(fmt::format("cache {} --namespace {}", args, ns_)); }
 

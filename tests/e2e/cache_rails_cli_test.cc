@@ -20,25 +20,16 @@
 #include "optiflow/schedcache/reader.h"
 #include "optiflow/schedcache/writer.h"
 
+#include "run_command.h"
+
 namespace {
 
 namespace fs = std::filesystem;
+using optiflow::testsupport::slurp;
+using CliResult = optiflow::testsupport::CommandResult;
+
 namespace sc = optiflow::schedcache;
 using nlohmann::json;
-
-struct CliResult {
-  int rc = -1;
-  std::string out;
-  std::string err;
-  std::string all() const { return out + err; }
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
@@ -63,16 +54,7 @@ class RailsCli : public ::testing::Test {
     fs::remove_all(dir_, ec);
   }
   CliResult cache(const std::string& args) {
-    const fs::path out = dir_ / "stdout.txt";
-    const fs::path err = dir_ / "stderr.txt";
-    const std::string cmd =
-        fmt::format("{} cache {} --namespace {} >{} 2>{}", OPTIFLOW_CLI, args, ns_, out.string(), err.string());
-    const int status = std::system(cmd.c_str());
-    CliResult r;
-    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
+    return optiflow::testsupport::runCommand(fmt::format("{} cache {} --namespace {}", OPTIFLOW_CLI, args, ns_), dir_);
   }
 
   std::string ns_;

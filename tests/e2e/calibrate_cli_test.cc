@@ -13,22 +13,13 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "run_command.h"
+
 namespace {
 
 namespace fs = std::filesystem;
-
-struct CliResult {
-  int rc = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using optiflow::testsupport::slurp;
+using CliResult = optiflow::testsupport::CommandResult;
 
 // An all_reduce_perf log of `nodes` x 8 GPUs as mpirun prints it with --tag-output: every line prefixed, NCCL INFO
 // lines in between, the last row cut off. The times follow a latency-bandwidth line, 30 us + size / 12 GB/s.
@@ -80,11 +71,7 @@ class CalibrateCli : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   CliResult run(const std::string& args) {
-    const fs::path out = dir_ / "stdout.txt";
-    const fs::path err = dir_ / "stderr.txt";
-    const std::string cmd = fmt::format("{} {} >{} 2>{}", OPTIFLOW_CLI, args, out.string(), err.string());
-    const int status = std::system(cmd.c_str());
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+    return optiflow::testsupport::runCommand(fmt::format("{} {}", OPTIFLOW_CLI, args), dir_);
   }
   std::string write(const std::string& name, const std::string& text) {
     std::ofstream(dir_ / name, std::ios::binary) << text;

@@ -14,23 +14,15 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "run_command.h"
+
 namespace {
 
 namespace fs = std::filesystem;
+using optiflow::testsupport::slurp;
+using CliResult = optiflow::testsupport::CommandResult;
+
 using nlohmann::json;
-
-struct CliResult {
-  int rc = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
@@ -49,15 +41,7 @@ class MscclppCli : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   CliResult run(const std::string& args) {
-    const fs::path out = dir_ / "stdout.txt";
-    const fs::path err = dir_ / "stderr.txt";
-    const std::string cmd = fmt::format("{} {} >{} 2>{}", OPTIFLOW_CLI, args, out.string(), err.string());
-    const int status = std::system(cmd.c_str());
-    CliResult r;
-    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
+    return optiflow::testsupport::runCommand(fmt::format("{} {}", OPTIFLOW_CLI, args), dir_);
   }
 
   fs::path dir_;

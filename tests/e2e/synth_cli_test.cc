@@ -19,24 +19,15 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "run_command.h"
+
 namespace {
 
 namespace fs = std::filesystem;
+using optiflow::testsupport::slurp;
+using CliResult = optiflow::testsupport::CommandResult;
+
 using nlohmann::json;
-
-struct CliResult {
-  int rc = -1;
-  std::string out;
-  std::string err;
-  double seconds = 0;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::vector<std::string> lines(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -66,17 +57,7 @@ class SynthCli : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   CliResult run(const std::string& args) {
-    const fs::path out = dir_ / "stdout.txt";
-    const fs::path err = dir_ / "stderr.txt";
-    const std::string cmd = fmt::format("{} {} >{} 2>{}", OPTIFLOW_CLI, args, out.string(), err.string());
-    const auto start = std::chrono::steady_clock::now();
-    const int status = std::system(cmd.c_str());
-    CliResult r;
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
+    return optiflow::testsupport::runCommand(fmt::format("{} {}", OPTIFLOW_CLI, args), dir_);
   }
 
   // `optiflow synthesize` on the small cluster into run_.
