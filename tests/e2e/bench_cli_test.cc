@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "ports.h"
 #include "run_command.h"
 
 namespace {
@@ -31,21 +32,6 @@ using Result = optiflow::testsupport::CommandResult;
 
 bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
-}
-
-std::uint16_t freePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  std::uint16_t port = 0;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  if (fd >= 0) ::close(fd);
-  return port;
 }
 
 class BenchCli : public ::testing::Test {
@@ -119,7 +105,7 @@ TEST_F(BenchCli, LauncherEnvironmentErrors) {
 // Rank 1's side of the rendezvous needs no GPU: it fails before CUDA is touched.
 TEST_F(BenchCli, RendezvousErrorsOfAnOtherRank) {
   const std::string s = ringSchedule();
-  const std::uint16_t port = freePort();
+  const std::uint16_t port = optiflow::testsupport::unusedPort();
   const Result noRankZero =
       bench(fmt::format("{} --rendezvous 127.0.0.1:{} --rendezvous-timeout 0.5", s, port), "RANK=1 WORLD_SIZE=2");
   EXPECT_EQ(noRankZero.rc, 2);

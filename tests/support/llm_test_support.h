@@ -23,7 +23,11 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "ports.h"
+
 namespace optiflow::synth::llmtest {
+
+using testsupport::unusedPort;
 
 // What the server saw of one request.
 struct SeenRequest {
@@ -112,23 +116,6 @@ inline std::string completionJson(const std::string& content) {
        nlohmann::json::array(
            {{{"index", 0}, {"message", {{"role", "assistant"}, {"content", content}}}, {"finish_reason", "stop"}}})}};
   return reply.dump();
-}
-
-// A port nothing listens on: bound to find a free one, then closed.
-inline int unusedPort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  int port = -1;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  if (fd >= 0) ::close(fd);
-  return port;
 }
 
 // Routes spdlog's default logger into a string for the test's lifetime.

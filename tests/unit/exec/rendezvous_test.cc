@@ -17,26 +17,12 @@
 #include "optiflow/exec/rendezvous.h"
 #include "temp_dir.h"
 
+#include "ports.h"
+
 namespace optiflow::exec {
 namespace {
 
 using std::chrono::milliseconds;
-
-// A port nothing listens on right now (bound and released).
-std::uint16_t freePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  std::uint16_t port = 0;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  if (fd >= 0) ::close(fd);
-  return port;
-}
 
 core::Result<LaunchInfo> fromMap(const std::map<std::string, std::string>& env) {
   return launchInfoFromEnv([&](const char* name) -> const char* {
@@ -104,7 +90,7 @@ TEST(HostPortText, ParsesAndRefuses) {
 }
 
 TEST(Rendezvous, EveryRankGetsRankZerosBlobOverTcp) {
-  const HostPort at{"127.0.0.1", freePort()};
+  const HostPort at{"127.0.0.1", testsupport::unusedPort()};
   constexpr int kRanks = 6;
   const Blob id = {1, 2, 3, 4, 5, 250};
   std::vector<core::Result<Blob>> got(kRanks, core::Diagnostic{});
@@ -123,7 +109,7 @@ TEST(Rendezvous, EveryRankGetsRankZerosBlobOverTcp) {
 }
 
 TEST(Rendezvous, NoRankZeroIsATimeoutNamingTheAddress) {
-  const HostPort at{"127.0.0.1", freePort()};
+  const HostPort at{"127.0.0.1", testsupport::unusedPort()};
   const auto start = std::chrono::steady_clock::now();
   auto r = exchangeOverTcp(at, 1, 2, {}, milliseconds(300));
   ASSERT_FALSE(r.ok());
@@ -132,7 +118,7 @@ TEST(Rendezvous, NoRankZeroIsATimeoutNamingTheAddress) {
 }
 
 TEST(Rendezvous, MissingRanksAreNamedByRankZero) {
-  const HostPort at{"127.0.0.1", freePort()};
+  const HostPort at{"127.0.0.1", testsupport::unusedPort()};
   std::optional<core::Result<Blob>> one;
   std::optional<core::Result<Blob>> zero;
   {
