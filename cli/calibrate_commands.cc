@@ -19,9 +19,6 @@ namespace {
 
 constexpr std::uint64_t kLargeBytes = calib::kBandwidthBoundBytes;
 
-// Two predictions further apart than this are reported as a disagreement.
-constexpr double kDisagreement = 0.10;
-
 std::string keyValues(const calib::ModelFit& f) {
   const auto& p = f.params;
   std::string s;
@@ -202,8 +199,7 @@ int runCalibrate(const CalibrateArgs& a) {
   };
   int disagree = 0;
   for (const auto& r : cal.residuals) {
-    if (r.simulatorUs > 0 && r.ncclModelUs > 0 &&
-        std::abs(r.simulatorUs - r.ncclModelUs) > kDisagreement * std::min(r.simulatorUs, r.ncclModelUs)) {
+    if (r.simulatorUs > 0 && r.ncclModelUs > 0 && modelsDisagree(r.simulatorUs, r.ncclModelUs)) {
       ++disagree;
     }
   }
@@ -297,8 +293,8 @@ int runCalibrate(const CalibrateArgs& a) {
     fmt::print(
         "The two models disagree by more than {:.0f}% at {} of {} size(s); reports believe the {} (lower "
         "median error on these rows, overall and from {}).\n",
-        100 * kDisagreement, disagree, cal.residuals.size(), cal.believe == "simulator" ? "simulator" : "NCCL model",
-        core::formatSize(kLargeBytes));
+        100 * kModelDisagreement, disagree, cal.residuals.size(),
+        cal.believe == "simulator" ? "simulator" : "NCCL model", core::formatSize(kLargeBytes));
     for (const auto& n : obs->notes) fmt::print("note: {}\n", n);
   }
   if (!a.output.empty()) {

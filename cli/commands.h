@@ -2,6 +2,8 @@
 // the same fields: size_bytes, time_us, algbw_gbps, busbw_gbps) and always shows the lower bound beside a time.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -16,6 +18,11 @@ namespace optiflow::cli {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailed = 1;
 inline constexpr int kExitBadInput = 2;
+
+// Two predictions of one time (the simulator's and NCCL's own model's) further apart than this share of the smaller
+// are reported as a disagreement, by calibrate and synthesize alike.
+inline constexpr double kModelDisagreement = 0.10;
+inline bool modelsDisagree(double a, double b) { return std::abs(a - b) > kModelDisagreement * std::min(a, b); }
 
 struct PerfArgs {
   std::string topology = "dgx-a100";

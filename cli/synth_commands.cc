@@ -92,9 +92,6 @@ class ProgressPrinter {
   int rejected_ = 0;
 };
 
-// Two estimates of NCCL's time further apart than this are reported as a disagreement.
-constexpr double kModelsDisagree = 0.10;
-
 void printTable(const core::Topology& topo, const synth::SynthConfig& cfg, const synth::SynthResult& res,
                 const std::string& proposer, const fs::path& dir) {
   int evaluated = 0;
@@ -125,8 +122,7 @@ void printTable(const core::Topology& topo, const synth::SynthConfig& cfg, const
       hi = std::max(hi, s);
       if (sb.nccl.timeUs <= 0) {
         ++modelOnly;
-      } else if (std::abs(sb.ncclModelUs - sb.nccl.timeUs) >
-                 kModelsDisagree * std::min(sb.ncclModelUs, sb.nccl.timeUs)) {
+      } else if (modelsDisagree(sb.ncclModelUs, sb.nccl.timeUs)) {
         ++disagree;
       }
     }
@@ -146,7 +142,7 @@ void printTable(const core::Topology& topo, const synth::SynthConfig& cfg, const
         "NCCL's cost model and the simulated NCCL differ by more than {:.0f}% at {} size(s){}; speedup is against the "
         "simulated NCCL, timed by the same simulator as the schedules (docs/nccl-model.md); against NCCL's own model "
         "the best is {:.2f}x - {:.2f}x.\n",
-        100 * kModelsDisagree, disagree,
+        100 * kModelDisagreement, disagree,
         modelOnly > 0 ? fmt::format(", and at {} NCCL's choice cannot be simulated (model only)", modelOnly) : "", lo,
         hi);
   }

@@ -59,18 +59,6 @@ Buffer physical(BufferKind k) {
   return Buffer::Input;
 }
 
-int sizeOf(const core::BufferSizes& b, BufferKind k) {
-  switch (k) {
-    case BufferKind::Input:
-      return b.input;
-    case BufferKind::Output:
-      return b.output;
-    case BufferKind::Scratch:
-      return b.scratch;
-  }
-  return 0;
-}
-
 class Lowering {
  public:
   Lowering(const Schedule& s, BufferMode mode, const std::set<std::pair<int, int>>& snapshot)
@@ -235,7 +223,7 @@ class Lowering {
   // Resolves a logical range to one physical range (aliasing keeps ranges contiguous for every collective we know).
   std::string resolve(int r, BufferKind buf, int off, int count, const std::string& where, Ref& out) const {
     const core::BufferSizes logical = core::logicalSizes(s_, r);
-    const int size = sizeOf(logical, buf);
+    const int size = logical.of(buf);
     if (off < 0 || count < 1 || off > size - count) {
       return fmt::format("{}: {}[{}..{}) is outside the {}-chunk buffer", where, core::toString(buf), off,
                          static_cast<long long>(off) + count, size);
@@ -244,7 +232,7 @@ class Lowering {
     const core::Slot first = core::resolveSlot(s_, r, mode_, buf, off);
     for (int c = 0; c < count; ++c) {
       const core::Slot sl = core::resolveSlot(s_, r, mode_, buf, off + c);
-      if (sl.buf != first.buf || sl.index != first.index + c || sl.index < 0 || sl.index >= sizeOf(phys, sl.buf)) {
+      if (sl.buf != first.buf || sl.index != first.index + c || sl.index < 0 || sl.index >= phys.of(sl.buf)) {
         return fmt::format("{}: {}[{}..{}) does not resolve to one physical range in {} mode", where,
                            core::toString(buf), off, off + count, core::toString(mode_));
       }

@@ -73,18 +73,6 @@ struct Plan {
   std::vector<RankPlan> ranks;
 };
 
-int bufferSize(const core::BufferSizes& b, BufferKind k) {
-  switch (k) {
-    case BufferKind::Input:
-      return b.input;
-    case BufferKind::Output:
-      return b.output;
-    case BufferKind::Scratch:
-      return b.scratch;
-  }
-  return 0;
-}
-
 class Validator {
  public:
   Validator(const Schedule& s, const std::vector<BufferMode>& modes) : s_(s), modes_(modes) {}
@@ -214,7 +202,7 @@ class Validator {
   template <typename At>
   void checkRange(int r, const At& at, std::string_view what, const core::BufferSizes& logical, BufferKind buf, int off,
                   int count) {
-    const int size = bufferSize(logical, buf);
+    const int size = logical.of(buf);
     if (off < 0 || off > size - count) {
       add(ErrorKind::Reference, fmt::format("{}: {} {}[{}..{}) is outside the {}-chunk buffer", at(), what,
                                             core::toString(buf), off, static_cast<long long>(off) + count, size));
@@ -224,7 +212,7 @@ class Validator {
       const core::BufferSizes phys = core::physicalSizes(s_, r, m);
       for (int c = off; c < off + count; ++c) {
         const core::Slot slot = core::resolveSlot(s_, r, m, buf, c);
-        if (slot.index < 0 || slot.index >= bufferSize(phys, slot.buf)) {
+        if (slot.index < 0 || slot.index >= phys.of(slot.buf)) {
           add(ErrorKind::Reference, fmt::format("{}: {} {}[{}] resolves outside the physical buffer in {} mode", at(),
                                                 what, core::toString(buf), c, core::toString(m)));
           return;

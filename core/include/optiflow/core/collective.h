@@ -37,6 +37,17 @@ struct BufferSizes {
   int input = 0;
   int output = 0;
   int scratch = 0;
+  int of(BufferKind k) const {
+    switch (k) {
+      case BufferKind::Input:
+        return input;
+      case BufferKind::Output:
+        return output;
+      case BufferKind::Scratch:
+        return scratch;
+    }
+    return 0;
+  }
 };
 
 // Error text when the schedule's shape cannot describe its collective (e.g. chunksPerLoop not divisible by nRanks
