@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <new>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -35,35 +38,63 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
   }
   try {
     std::vector<compiler::CompileOptions> options = candidateOptions(intent, sizeBytes);
-    bool incumbentFirst = false;
+    bool rotated = false;  // the incumbent's options are options[0]
     if (hint.first) {
       auto it = std::find_if(options.begin(), options.end(),
                              [&](const compiler::CompileOptions& o) { return sameOptions(o, *hint.first); });
       if (it != options.end()) {
         std::rotate(options.begin(), it, it + 1);
-        incumbentFirst = true;
+        rotated = true;
       }
     }
-    // Compile every option and take each one's lower bound (one pass over its steps); simulate in order of the
-    // bounds, the incumbent's options first. An option whose bound is not below the best time found so far cannot
-    // win, and one whose bound is above the cutoff cannot come near the incumbent: neither is simulated.
+    // Every option is compiled and its lower bound taken (one pass over its steps); options are simulated in order
+    // of their bounds, the incumbent's options first. An option whose bound is not below the best time found so far
+    // cannot win, and one whose bound is above the cutoff cannot come near the incumbent: neither is simulated.
     struct Option {
       std::size_t index;
       compiler::CompileResult compiled;
       double floorUs;
     };
     std::vector<Option> compiled;
-    std::string firstError;
-    for (std::size_t i = 0; i < options.size(); ++i) {
+    std::vector<std::string> compileErrors(options.size());
+    auto compileOption = [&](std::size_t i) {
       auto c = compiler::compile(intent, topology_, options[i]);
       if (!c) {
-        if (firstError.empty()) firstError = c.error().message;
-        continue;
+        compileErrors[i] = c.error().message;
+        return;
       }
       const double floorUs = sim::lowerBoundUs(c->schedule, *network_, sizeBytes, params_);
       compiled.push_back({i, std::move(c).value(), floorUs});
+    };
+    // The incumbent's options are compiled and simulated alone first: most candidates are screened by them (slower
+    // than the cutoff), and then no other option is looked at. The outcome is what compiling every option up front
+    // and walking them in the order below gives; only the work differs.
+    std::optional<sim::SimResult> incumbentSim;
+    if (rotated) {
+      compileOption(0);
+      if (!compiled.empty() && hint.pruneAboveUs > 0 && compiled.front().floorUs <= hint.pruneAboveUs) {
+        incumbentSim = sim::simulate(compiled.front().compiled.schedule, *network_, sizeBytes, params_);
+        if (incumbentSim->ok && incumbentSim->timeUs > hint.pruneAboveUs) {
+          best.ok = true;
+          best.screened = true;
+          best.timeUs = incumbentSim->timeUs;
+          best.options = options[0];
+          best.compiled = std::move(compiled.front().compiled);
+          best.sim = std::move(*incumbentSim);
+          finish(best, hint);
+          return best;
+        }
+      }
     }
-    incumbentFirst = incumbentFirst && !compiled.empty() && compiled.front().index == 0;
+    for (std::size_t i = rotated ? 1 : 0; i < options.size(); ++i) compileOption(i);
+    std::string firstError;
+    for (const std::string& e : compileErrors) {
+      if (!e.empty()) {
+        firstError = e;
+        break;
+      }
+    }
+    const bool incumbentFirst = rotated && !compiled.empty() && compiled.front().index == 0;
     std::stable_sort(compiled.begin() + (incumbentFirst ? 1 : 0), compiled.end(),
                      [](const Option& a, const Option& b) { return a.floorUs < b.floorUs; });
     const Option* lowest = nullptr;  // the option with the least bound among those screened by it
@@ -74,7 +105,9 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
         if (!lowest || o.floorUs < lowest->floorUs) lowest = &o;
         continue;
       }
-      sim::SimResult r = sim::simulate(o.compiled.schedule, *network_, sizeBytes, params_);
+      sim::SimResult r = k == 0 && incumbentFirst && incumbentSim
+                             ? std::move(*incumbentSim)
+                             : sim::simulate(o.compiled.schedule, *network_, sizeBytes, params_);
       if (!r.ok) {
         if (firstError.empty()) firstError = "simulator: " + r.error;
         continue;
@@ -104,22 +137,26 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
       best.error = firstError.empty() ? "no compile options apply" : firstError;
       return best;
     }
-    const int b = best.sim.bottleneckLink;
-    if (b >= 0 && static_cast<std::size_t>(b) < best.sim.links.size()) {
-      best.bottleneck = fmt::format("{} ({:.0f}% busy)", network_->link(b).name,
-                                    100.0 * best.sim.links[static_cast<std::size_t>(b)].utilisation);
-    }
-    // The simulator keeps per-link usage and the critical path; the loop needs neither once the bottleneck is named.
-    best.sim.links.clear();
-    best.sim.links.shrink_to_fit();
-    best.sim.criticalPath.clear();
-    best.sim.criticalPath.shrink_to_fit();
-    if (hint.verify) prove(best);
+    finish(best, hint);
   } catch (const std::bad_alloc&) {
     best = Evaluation{};
     best.error = "out of memory";
   }
   return best;
+}
+
+void SimEvaluator::finish(Evaluation& best, const EvalHint& hint) const {
+  const int b = best.sim.bottleneckLink;
+  if (b >= 0 && static_cast<std::size_t>(b) < best.sim.links.size()) {
+    best.bottleneck = fmt::format("{} ({:.0f}% busy)", network_->link(b).name,
+                                  100.0 * best.sim.links[static_cast<std::size_t>(b)].utilisation);
+  }
+  // The simulator keeps per-link usage and the critical path; the loop needs neither once the bottleneck is named.
+  best.sim.links.clear();
+  best.sim.links.shrink_to_fit();
+  best.sim.criticalPath.clear();
+  best.sim.criticalPath.shrink_to_fit();
+  if (hint.verify) prove(best);
 }
 
 double SimEvaluator::timeNccl(const core::Schedule& schedule, std::uint64_t sizeBytes, const sim::SimParams& params) {

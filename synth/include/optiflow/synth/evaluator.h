@@ -72,6 +72,9 @@ class SimEvaluator : public Evaluator {
   const sim::SimParams& params() const { return params_; }
 
  private:
+  // Names the winner's bottleneck, drops what the loop does not keep, and proves it when the hint asks.
+  void finish(Evaluation& best, const EvalHint& hint) const;
+
   const core::Topology& topology_;
   sim::SimParams params_;
   std::optional<sim::Network> network_;  // built once; empty when the topology is invalid (every evaluation fails)
