@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cmath>
 #include <map>
 #include <thread>
 
 #include <fmt/format.h>
 
+#include "optiflow/core/parallel.h"
 #include "optiflow/core/units.h"
 #include "optiflow/sim/nccl_schedules.h"
 #include "optiflow/sim/network.h"
@@ -88,24 +88,6 @@ class Predictor {
   std::vector<std::optional<sim::Network>> nets_;  // per topology
   std::vector<Item> items_;
 };
-
-// fn(0) .. fn(n - 1) on up to `threads` threads; each index is run once.
-template <typename Fn>
-void parallelFor(std::size_t n, int threads, const Fn& fn) {
-  const std::size_t t = std::min<std::size_t>(n, static_cast<std::size_t>(std::max(1, threads)));
-  if (t <= 1) {
-    for (std::size_t i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  std::atomic<std::size_t> next{0};
-  auto work = [&] {
-    for (std::size_t i = next++; i < n; i = next++) fn(i);
-  };
-  std::vector<std::thread> pool;
-  for (std::size_t k = 1; k < t; ++k) pool.emplace_back(work);
-  work();
-  for (auto& th : pool) th.join();
-}
 
 // ---- Levenberg-Marquardt on ln(predicted / measured) ----
 
@@ -221,7 +203,7 @@ ModelFit fitModel(const Observations& obs, Rest rest, int maxIterations, int thr
   std::vector<double> restAt(n, -1.0);
   auto evaluate = [&](const Vector& v, std::vector<double>& out) {
     const sim::ModelCalibration c = toCalibration(v, {});
-    parallelFor(n, threads, [&](std::size_t i) { out[i] = rest(i, c); });
+    core::parallelFor(n, threads, [&](std::size_t i) { out[i] = rest(i, c); });
   };
   auto launchOf = [&](const Vector& v, std::size_t i) {
     return obs.rows[i].launch == sim::LaunchMode::Graph ? v[kLaunchGraph] : v[kLaunchHost];
@@ -492,7 +474,7 @@ std::vector<Residual> predict(const Observations& obs, const sim::ModelCalibrati
   const Predictor p(obs);
   const sim::ModelCalibration identity;
   std::vector<Residual> out(obs.rows.size());
-  parallelFor(obs.rows.size(), static_cast<int>(std::thread::hardware_concurrency()), [&](std::size_t i) {
+  core::parallelFor(obs.rows.size(), 0, [&](std::size_t i) {
     const Observation& o = obs.rows[i];
     Residual& r = out[i];
     r.file = o.file;

@@ -1,16 +1,15 @@
 #include "optiflow/synth/loop.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <map>
 #include <set>
-#include <thread>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "optiflow/compiler/verifier.h"
+#include "optiflow/core/parallel.h"
 #include "optiflow/core/schedule.h"
 #include "optiflow/core/units.h"
 #include "optiflow/dsl/parser.h"
@@ -212,17 +211,7 @@ class Loop {
   // Runs fn(s) for every size on cfg_.threads (default hardware_concurrency) threads, largest size first.
   void parallelOverSizes(const std::function<void(std::size_t)>& fn) const {
     const std::size_t n = cfg_.sizes.size();
-    const unsigned wanted =
-        cfg_.threads > 0 ? static_cast<unsigned>(cfg_.threads) : std::thread::hardware_concurrency();
-    const unsigned threads = std::max(1u, std::min<unsigned>(wanted, static_cast<unsigned>(n)));
-    std::atomic<std::size_t> next{0};
-    auto work = [&] {
-      for (std::size_t i; (i = next.fetch_add(1)) < n;) fn(n - 1 - i);
-    };
-    std::vector<std::thread> pool;
-    for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
-    work();
-    for (std::thread& t : pool) t.join();
+    core::parallelFor(n, cfg_.threads, [&](std::size_t i) { fn(n - 1 - i); });
   }
 
   bool outOfTime() const { return cfg_.timeBudgetS > 0 && secondsSince(start_) >= cfg_.timeBudgetS; }

@@ -17,6 +17,7 @@
 
 #include "optiflow/compiler/mscclpp_export.h"
 #include "optiflow/compiler/schedule_io.h"
+#include "optiflow/core/parallel.h"
 #include "optiflow/core/units.h"
 
 namespace optiflow::synth {
@@ -423,26 +424,36 @@ core::Result<bool> writeRunDirectory(const fs::path& dir, const core::Topology& 
   fs::create_directories(dir / "programs", ec);
   if (!ec) fs::create_directories(dir / "schedules", ec);
   if (ec) return core::Diagnostic{dir.string(), 0, 0, "cannot create the directory: " + ec.message()};
-  for (const SizeBest& sb : result.sizes) {
-    if (sb.best < 0 || !sb.schedule) continue;
+  // Each winner's files (native JSON, MSCCL XML, the MSCCL++ plan, which is proven as it is exported) are made and
+  // written in parallel, largest size first; the first failure in size order is reported.
+  const std::size_t n = result.sizes.size();
+  std::vector<core::Result<bool>> wrote(n, true);
+  core::parallelFor(n, config.threads, [&](std::size_t i) {
+    const std::size_t s = n - 1 - i;
+    const SizeBest& sb = result.sizes[s];
+    if (sb.best < 0 || !sb.schedule) return;
     const CandidateRecord& r = result.history.at(static_cast<std::size_t>(sb.best));
-    auto w = writeText(dir / "programs" / (r.id + ".ofl"), r.text);
-    if (!w) return w;
+    auto& w = wrote[s];
     const std::string stem = scheduleStem(config.collective, sb.sizeBytes);
-    w = writeText(dir / "schedules" / (stem + ".json"),
-                  compiler::formatSchedule(*sb.schedule, compiler::ScheduleFormat::Json));
-    if (!w) return w;
-    w = writeText(dir / "schedules" / (stem + ".xml"),
-                  compiler::formatSchedule(*sb.schedule, compiler::ScheduleFormat::MscclXml));
-    if (!w) return w;
+    // Sizes led by one program write the same file with the same text; each write is a rename, so either wins.
+    w = writeText(dir / "programs" / (r.id + ".ofl"), r.text);
+    if (w)
+      w = writeText(dir / "schedules" / (stem + ".json"),
+                    compiler::formatSchedule(*sb.schedule, compiler::ScheduleFormat::Json));
+    if (w)
+      w = writeText(dir / "schedules" / (stem + ".xml"),
+                    compiler::formatSchedule(*sb.schedule, compiler::ScheduleFormat::MscclXml));
+    if (!w) return;
     // The MSCCL++ execution plan where the collective has one (not Broadcast/Reduce: a plan carries no root);
     // `optiflow export mscclpp` writes the plan directory with size ranges and a manifest.
     compiler::mscclpp::ExportOptions eo;
     eo.ranksPerNode = topology.gpusPerNode;
     if (auto plan = compiler::mscclpp::exportPlan(*sb.schedule, eo)) {
       w = writeText(dir / "schedules" / (stem + ".mscclpp.json"), compiler::mscclpp::writeMscclppPlan(plan->plan));
-      if (!w) return w;
     }
+  });
+  for (const auto& w : wrote) {
+    if (!w) return w;
   }
   // The plan last: a reader (the daemon, a report) that sees plan.json sees the files it names.
   return writePlan(dir / "plan.json", makePlan(topology, config, result, info));
