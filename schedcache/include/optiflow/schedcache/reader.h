@@ -24,8 +24,8 @@ struct Decision {
   std::uint64_t chunkBytes = 0;
   std::int8_t algorithm = -1;
   std::int8_t protocol = -1;
-  std::uint8_t trialCount = 0;  // candidates at CommPlan::trials[trialFirst..]; 0: no trials
   std::int32_t nChannels = 0;
+  std::uint8_t trialCount = 0;  // candidates at CommPlan::trials[trialFirst..]; 0: no trials
   std::uint16_t trialFirst = 0;
   std::uint16_t trialCalls = 0;  // calls per candidate
   std::uint16_t trialIndex = 0;  // this decision's number among those with trials (the tuner's call counters)
