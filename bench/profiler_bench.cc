@@ -93,8 +93,8 @@ void runCollectives(benchmark::State& state, bool segment) {
   }
   const auto events = static_cast<double>(2 + 3 * channels);
   state.counters["events_per_collective"] = events;
-  state.counters["ns_per_event"] = benchmark::Counter(
-      static_cast<double>(state.iterations()) * events, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["ns_per_event"] = benchmark::Counter(static_cast<double>(state.iterations()) * events,
+                                                      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
 void BM_ProfilerCollective(benchmark::State& state) { runCollectives(state, true); }

@@ -652,7 +652,9 @@ TEST(TrialChoice, PureFunctionCyclingEveryCandidate) {
       ASSERT_LT(*c, 5u);
       EXPECT_EQ(c, tuner::trialCandidate(0xabcdef, comm, 4, 65536, call, 5, 3));
       ++seen[*c];
-      if (call % 3 != 0) EXPECT_EQ(c, tuner::trialCandidate(0xabcdef, comm, 4, 65536, call - 1, 5, 3));
+      if (call % 3 != 0) {
+        EXPECT_EQ(c, tuner::trialCandidate(0xabcdef, comm, 4, 65536, call - 1, 5, 3));
+      }
     }
     EXPECT_EQ(seen, std::vector<int>(5, 3));
     EXPECT_FALSE(tuner::trialCandidate(0xabcdef, comm, 4, 65536, 15, 5, 3).has_value());
