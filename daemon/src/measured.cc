@@ -98,7 +98,8 @@ void describeMeasurementMetrics(Metrics& m) {
              "Measured median / the simulator's prediction for the plan entry the configuration came from");
   m.describe("nccl_collective_exec_time_microseconds", "gauge",
              "Median GPU time of a collective per communicator (NVIDIA Inspector's name)");
-  m.describe("nccl_bus_bandwidth_gbs", "gauge", "Bus bandwidth of a collective per communicator, GB/s (Inspector's name)");
+  m.describe("nccl_bus_bandwidth_gbs", "gauge",
+             "Bus bandwidth of a collective per communicator, GB/s (Inspector's name)");
 }
 
 void exportMeasurements(Metrics& metrics, const std::vector<MeasuredRow>& rows) {

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <exception>
 #include <memory>
-#include <new>
+#include <mutex>
 #include <string>
 
 #include "log.h"
@@ -25,22 +25,27 @@ struct Context {
       : nRanks(ranks), comm(commId, std::move(reader)) {}
 };
 
-// One set of pools per plugin library and process, made at the first init and kept until the process exits (NCCL's
-// proxy threads may outlive static destructors, so it is never destroyed).
+// One set of pools per plugin library and process, made at the first communicator's init and freed at the last one's
+// finalize (NCCL sends no event without a communicator, and unloads the library only after the last finalize).
+// Events read the pointer without a lock; init and finalize change it under gLife.
 std::atomic<profiler::Recorder*> gRecorder{nullptr};
+std::mutex gLife;
+std::size_t gContexts = 0;  // under gLife
 
 profiler::Recorder* recorder() noexcept { return gRecorder.load(std::memory_order_acquire); }
 
-profiler::Recorder* makeRecorder() {
-  profiler::Recorder* r = recorder();
-  if (r != nullptr) return r;
-  auto* made = new profiler::Recorder();
-  profiler::Recorder* expected = nullptr;
-  if (!gRecorder.compare_exchange_strong(expected, made, std::memory_order_acq_rel)) {
-    delete made;
-    return expected;
+// Under gLife.
+void retainRecorder() {
+  if (gRecorder.load(std::memory_order_relaxed) == nullptr) {
+    gRecorder.store(new profiler::Recorder(), std::memory_order_release);
   }
-  return made;
+  ++gContexts;
+}
+
+void releaseRecorder() {
+  std::lock_guard<std::mutex> lock(gLife);
+  if (gContexts > 0) --gContexts;
+  if (gContexts == 0) delete gRecorder.exchange(nullptr, std::memory_order_acq_rel);
 }
 
 Context* contextOf(void* context) noexcept {
@@ -67,8 +72,6 @@ ncclResult_t profilerInit(void** context, std::uint64_t commId, int* eActivation
     // NCCL keeps one mask per process and every init writes it: the same value every time.
     if (eActivationMask != nullptr) *eActivationMask = params.profilerEnabled ? kProfilerMask : 0;
     if (!params.profilerEnabled) return ncclSuccess;
-    profiler::Recorder* rec = makeRecorder();
-    (void)rec;
     schedcache::Error attachError;
     std::unique_ptr<schedcache::Reader> reader = schedcache::Reader::attach(params.ns, &attachError);
     if (reader == nullptr) {
@@ -83,6 +86,10 @@ ncclResult_t profilerInit(void** context, std::uint64_t commId, int* eActivation
     if (ctx->comm.recording()) {
       OPTIFLOW_PROFILER_INFO(logFunction, "timing collectives of communicator %016llx into namespace %s",
                              static_cast<unsigned long long>(commId), params.ns.c_str());
+    }
+    {
+      std::lock_guard<std::mutex> lock(gLife);
+      retainRecorder();
     }
     *context = ctx.release();
     return ncclSuccess;
@@ -141,6 +148,7 @@ ncclResult_t profilerFinalize(void* context) noexcept {
   if (profiler::Recorder* rec = recorder()) rec->finalizeComm(&ctx->comm);
   ctx->magic = 0;
   delete ctx;
+  releaseRecorder();
   return ncclSuccess;
 }
 

@@ -82,8 +82,11 @@ TEST_F(Measured, JoinedWithThePinnedPlanAndExportedUnderBothNames) {
   Metrics metrics;
   describeMeasurementMetrics(metrics);
   exportMeasurements(metrics, rows);
-  const std::string ringLabels = promLabels(
-      {{"collective", "allreduce"}, {"size", "1048576"}, {"algorithm", "Ring"}, {"protocol", "Simple"}, {"channels", "8"}});
+  const std::string ringLabels = promLabels({{"collective", "allreduce"},
+                                             {"size", "1048576"},
+                                             {"algorithm", "Ring"},
+                                             {"protocol", "Simple"},
+                                             {"channels", "8"}});
   EXPECT_NEAR(metrics.get("optiflowd_measured_time_us", ringLabels), 50.0, 50.0 * 0.032);
   EXPECT_NEAR(metrics.get("optiflowd_prediction_error_ratio", ringLabels), 1.25, 1.25 * 0.032);
   const std::string inspector = promLabels({{"comm_name", "0000000000000077"},
