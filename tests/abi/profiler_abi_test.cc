@@ -568,7 +568,11 @@ TEST_P(ProfilerVersions, EnqueuingAndProxyThreadsUnderLoad) {
         c.nChannels = static_cast<std::uint8_t>(g + 1);
         group.push_back(host_->startColl(ctx, c, static_cast<std::uint64_t>(r * kGroup + g)));
       }
-      for (void* h : group) host_->stop(h);
+      // Even rounds: NCCL's order (collectives stopped, then channels). Odd rounds: the channels race the stops, so
+      // either thread may drop the last hold.
+      if (r % 2 == 0) {
+        for (void* h : group) host_->stop(h);
+      }
       proxy.post([=, this] {
         for (int g = kGroup - 1; g >= 0; --g) {
           for (int ch = 0; ch <= g; ++ch) {
@@ -579,6 +583,9 @@ TEST_P(ProfilerVersions, EnqueuingAndProxyThreadsUnderLoad) {
           }
         }
       });
+      if (r % 2 == 1) {
+        for (void* h : group) host_->stop(h);
+      }
     }
   }
   std::uint64_t calls = 0;
