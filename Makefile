@@ -60,6 +60,7 @@ bench: build
 	@$(BUILD_DIR)/bench/sim_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 	@$(BUILD_DIR)/bench/compile_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 	@$(BUILD_DIR)/bench/tuner_bench --benchmark_repetitions=10 --benchmark_report_aggregates_only=true
+	@$(BUILD_DIR)/bench/profiler_bench --benchmark_repetitions=10 --benchmark_report_aggregates_only=true
 	@$(BUILD_DIR)/bench/net_bench --reps 5 --mib 256 --msgs 200000
 	@./scripts/synthesis-bench.sh $(BUILD_DIR) quick
 

@@ -1,4 +1,5 @@
-// `optiflow cache publish|show|verify|clear|rails`: the node's schedule cache (/dev/shm/optiflow-<namespace>), which
+// `optiflow cache publish|show|verify|clear|rails|measurements`: the node's schedule cache
+// (/dev/shm/optiflow-<namespace>), which
 
 #include "optiflow/core/text_file.h"
 // the NCCL tuner plugin reads when a communicator is created (and where the net plugin finds rail weights and counts
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -714,6 +716,86 @@ int runCacheRailsSet(const CacheArgs& args) {
   }
   fmt::print("set rail weights in {} (senders use them from their next message):\n", sc::segmentPath(*ns));
   if (const std::unique_ptr<sc::Reader> reader = attachOrReport(*ns)) printRails(reader->railWeights(), "  ");
+  return kExitOk;
+}
+
+// `measurements --json` prints one object:
+//   {namespace, segment, counters: {untimed, pool_full, table_full, foreign},
+//    rows: [{communicator (16 hex digits), collective, size_bytes, algorithm, protocol (NCCL's names; null when NCCL
+//            named one this build does not know), channels, calls, min_us, mean_us, median_us, p90_us,
+//            last_seen_ns (GPU globaltimer of the last call's stop)}]}
+// Rows are sorted by communicator, collective, size, then configuration.
+int runCacheMeasurements(const CacheArgs& args) {
+  const std::optional<std::string> ns = resolveNamespace(args);
+  if (!ns) return kExitBadInput;
+  std::error_code ec;
+  if (!fs::exists(sc::segmentPath(*ns), ec)) {
+    fmt::print(stderr, "optiflow: {}\n", absentMessage(*ns));
+    return kExitFailed;
+  }
+  const std::unique_ptr<sc::Reader> reader = attachOrReport(*ns);
+  if (!reader) return kExitFailed;
+  std::vector<sc::Measurement> rows = reader->measurements();
+  const sc::MeasureCounters counters = reader->measureCounters();
+  auto order = [](const sc::Measurement& m) {
+    return std::make_tuple(m.commId, static_cast<int>(m.coll), m.sizeBytes,
+                           m.algorithm ? static_cast<int>(*m.algorithm) : -1,
+                           m.protocol ? static_cast<int>(*m.protocol) : -1, m.channels);
+  };
+  std::sort(rows.begin(), rows.end(),
+            [&](const sc::Measurement& a, const sc::Measurement& b) { return order(a) < order(b); });
+  auto algoText = [](const sc::Measurement& m) {
+    return m.algorithm ? std::string(core::toString(*m.algorithm)) : std::string("?");
+  };
+  auto protoText = [](const sc::Measurement& m) {
+    return m.protocol ? std::string(core::toString(*m.protocol)) : std::string("?");
+  };
+  auto rounded = [](double us) { return std::round(us * 1000.0) / 1000.0; };
+  if (args.json) {
+    json j;
+    j["namespace"] = *ns;
+    j["segment"] = sc::segmentPath(*ns);
+    j["counters"] = {{"untimed", counters.untimed},
+                     {"pool_full", counters.poolFull},
+                     {"table_full", counters.tableFull},
+                     {"foreign", counters.foreign}};
+    j["rows"] = json::array();
+    for (const sc::Measurement& m : rows) {
+      j["rows"].push_back({{"communicator", sc::formatHash(m.commId)},
+                           {"collective", std::string(core::toString(m.coll))},
+                           {"size_bytes", m.sizeBytes},
+                           {"algorithm", m.algorithm ? json(algoText(m)) : json(nullptr)},
+                           {"protocol", m.protocol ? json(protoText(m)) : json(nullptr)},
+                           {"channels", m.channels},
+                           {"calls", m.calls},
+                           {"min_us", rounded(m.minUs)},
+                           {"mean_us", rounded(m.meanUs)},
+                           {"median_us", rounded(m.medianUs)},
+                           {"p90_us", rounded(m.p90Us)},
+                           {"last_seen_ns", m.lastNs}});
+    }
+    fmt::print("{}\n", j.dump(2));
+    return kExitOk;
+  }
+  fmt::print("measurements in {} ({} rows; GPU time per call, from the profiler plugin):\n", sc::segmentPath(*ns),
+             rows.size());
+  if (rows.empty()) {
+    fmt::print("  none yet: run a job with NCCL_PROFILER_PLUGIN=optiflow (docs/profiler.md)\n");
+  } else {
+    fmt::print("  {:<16}  {:<13}  {:>10}  {:<13}  {:<6}  {:>3}  {:>8}  {:>10}  {:>10}  {:>10}\n", "communicator",
+               "collective", "size", "algorithm", "proto", "ch", "calls", "min_us", "median_us", "p90_us");
+    for (const sc::Measurement& m : rows) {
+      fmt::print("  {:<16}  {:<13}  {:>10}  {:<13}  {:<6}  {:>3}  {:>8}  {:>10.2f}  {:>10.2f}  {:>10.2f}\n",
+                 sc::formatHash(m.commId), core::toString(m.coll), core::formatSize(m.sizeBytes), algoText(m),
+                 protoText(m), m.channels, m.calls, m.minUs, m.medianUs, m.p90Us);
+    }
+  }
+  if (counters.untimed + counters.poolFull + counters.tableFull + counters.foreign != 0) {
+    fmt::print(
+        "  not recorded: {} collectives without GPU stamps, {} events over a full pool, {} with the table full, "
+        "{} foreign events\n",
+        counters.untimed, counters.poolFull, counters.tableFull, counters.foreign);
+  }
   return kExitOk;
 }
 

@@ -160,5 +160,6 @@ int runCacheVerify(const CacheArgs& args);
 int runCacheClear(const CacheArgs& args);
 int runCacheRails(const CacheArgs& args);
 int runCacheRailsSet(const CacheArgs& args);
+int runCacheMeasurements(const CacheArgs& args);
 
 }  // namespace optiflow::cli

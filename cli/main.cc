@@ -459,6 +459,11 @@ int main(int argc, char** argv) {
   cacheClear->add_flag("--force", cache.force,
                        "With --remove: delete it even if communicators initialised with it in the last 10 minutes");
   cacheClear->callback([&] { rc = optiflow::cli::runCacheClear(cache); });
+  auto* cacheMeasurements = cacheCmd->add_subcommand(
+      "measurements", "GPU times the profiler plugin measured in running jobs, per communicator and configuration");
+  addNamespace(cacheMeasurements);
+  cacheMeasurements->add_flag("--json", cache.json, "Print one JSON object");
+  cacheMeasurements->callback([&] { rc = optiflow::cli::runCacheMeasurements(cache); });
   auto* cacheRails =
       cacheCmd->add_subcommand("rails", "The net plugin's rail weights (share of striped messages per NIC)");
   addNamespace(cacheRails);

@@ -23,7 +23,14 @@
 #       The script reports what NCCL's log actually says: PASS if the tuner was used, XFAIL (issue 7) if NCCL said
 #       "External network plugin ... is unsupported", FAIL otherwise;
 #   (c) as (a) with OPTIFLOW_PLAN=0123456789abcdef (not published): communicator creation must FAIL with our
-#       message naming the plan and this host.
+#       message naming the plan and this host;
+#   (d) two ranks on GPU 0, one process each, with different NCCL_HOSTID values (NCCL then treats them as two nodes
+#       and their traffic goes through our net plugin), NCCL_TUNER_PLUGIN, NCCL_NET_PLUGIN and NCCL_PROFILER_PLUGIN
+#       all =optiflow, OPTIFLOW_PLAN pinned to a plan synthesized for 2 nodes x 1 GPU (a multi-node communicator
+#       uses only a pinned plan), AllReduce and AllGather at 4 KiB, 1 MiB and 16 MiB, 5 calls each. PASS when
+#       NCCL's INFO log shows all three plugins loaded, the tuner used the pinned plan (OptiFlow/Tuner: using plan
+#       ...), NCCL's TUNING lines show the plan's algorithm/protocol for a size, and `optiflow cache measurements
+#       --json` lists GPU-timed rows (calls > 0) for this communicator.
 # The synthesized plan is for 8 ranks; with one GPU the communicator has 1 rank, so the plan has no decisions for
 # it (the tuner says "0 decisions"): the check is that the plugin is loaded and initialised, not that it changes
 # NCCL's choices. With 2 or more GPUs nccl_plugin_check uses them all.
@@ -66,12 +73,13 @@ REPO="$(pwd)"
 if [ -n "$BUNDLE_OUT" ]; then
   B="${BUILD_DIR:-build/default}"
   for f in "$B/cli/optiflow" "$B/plugin/libnccl-tuner-optiflow.so" "$B/plugin/libnccl-net-optiflow.so" \
-           "$B/tests/device/nccl_plugin_check"; do
+           "$B/plugin/libnccl-profiler-optiflow.so" "$B/tests/device/nccl_plugin_check"; do
     [ -f "$f" ] || { echo "device-check-plugins: $f is missing: build it first (see --help)" >&2; exit 3; }
   done
   rm -rf "$BUNDLE_OUT" && mkdir -p "$BUNDLE_OUT/bin" "$BUNDLE_OUT/plugin" "$BUNDLE_OUT/lib" || exit 3
   cp "$B/cli/optiflow" "$B/tests/device/nccl_plugin_check" "$BUNDLE_OUT/bin/" || exit 3
-  cp "$B/plugin/libnccl-tuner-optiflow.so" "$B/plugin/libnccl-net-optiflow.so" "$BUNDLE_OUT/plugin/" || exit 3
+  cp "$B/plugin/libnccl-tuner-optiflow.so" "$B/plugin/libnccl-net-optiflow.so" "$B/plugin/libnccl-profiler-optiflow.so" \
+    "$BUNDLE_OUT/plugin/" || exit 3
   if command -v strip >/dev/null; then strip --strip-debug "$BUNDLE_OUT/bin/optiflow" "$BUNDLE_OUT"/plugin/*.so; fi
   # The CLI's shared libraries, except the C runtime (libc, libm, libstdc++, ...), which the GPU machine has in a
   # version at least as new if it is a newer distribution than this one.
@@ -103,7 +111,8 @@ main() {
   for v in $(compgen -e); do
     case "$v" in OPTIFLOW_*) echo "note: unsetting $v for the check"; unset "$v" ;; esac
   done
-  for v in NCCL_TUNER_PLUGIN NCCL_NET_PLUGIN NCCL_ALGO NCCL_PROTO NCCL_DEBUG_FILE NCCL_ENV_PLUGIN; do
+  for v in NCCL_TUNER_PLUGIN NCCL_NET_PLUGIN NCCL_PROFILER_PLUGIN NCCL_HOSTID NCCL_ALGO NCCL_PROTO NCCL_DEBUG_FILE \
+           NCCL_ENV_PLUGIN; do
     if [ -n "${!v+x}" ]; then echo "note: unsetting $v=${!v} for the check"; unset "$v"; fi
   done
 
@@ -173,7 +182,7 @@ main() {
         exit 3
       fi
     fi
-    targets=(optiflow nccl_tuner_optiflow nccl_net_optiflow)
+    targets=(optiflow nccl_tuner_optiflow nccl_net_optiflow nccl_profiler_optiflow)
     have_check_target=0
     if [ -d "$BUILD_DIR/tests/device/CMakeFiles/nccl_plugin_check.dir" ]; then
       targets+=(nccl_plugin_check)
@@ -267,6 +276,83 @@ main() {
   L_OURS="OptiFlow/Tuner:"
   SHOW_RE="NCCL version|NCCL_(TUNER|NET)_PLUGIN set|TUNER/Plugin|NET/Plugin|[Tt]uner plugin|network plugin|NET plugin|Assigned NET|OptiFlow/|NCCL WARN|nccl_plugin_check:"
 
+  # Case (d): two ranks on one GPU as two "nodes" (NCCL_HOSTID), with all three plugins and a pinned 2-node plan.
+  run_two_ranks_case() {
+    step "case (d): 2 ranks on GPU 0, NCCL_HOSTID a/b, tuner + net + profiler plugins, pinned 2-node plan"
+    local ns2="$NS-d" topo="$TMP/two-nodes.toml" idfile="$TMP/nccl-id" plan2="" pub2 rc0 rc1
+    cat >"$topo" <<'TOML'
+version = 1
+name = "devcheck-2x1"
+nodes = 2
+gpus_per_node = 1
+gpu_type = "H100-SXM5"
+
+[intra]
+kind = "nvswitch"
+gpu_bandwidth_gbytes_per_s = 450.0
+latency_us = 0.6
+
+[[nics]]
+name = "mlx5_0"
+gbps = 400
+latency_us = 1.0
+gpus = [0]
+
+[inter]
+kind = "rail-optimized"
+oversubscription = 1.0
+switch_latency_us = 0.2
+TOML
+    for coll in allreduce allgather; do
+      if ! of synthesize --topo "$topo" --coll "$coll" --sizes 4KiB:16MiB:4 --rounds 1 --candidates 2 \
+          --out "$TMP/run-d-$coll" -q >"$TMP/synth-d-$coll.log" 2>&1; then
+        cat "$TMP/synth-d-$coll.log"; RESULT[d]=FAIL; WHY[d]="optiflow synthesize ($coll, 2x1 topology) failed"; return
+      fi
+    done
+    # One plan for both collectives: publish the allreduce run, then the allgather run would replace it, so the
+    # allreduce plan is the pinned one (AllReduce decisions); AllGather runs with NCCL's choices plus the profiler.
+    pub2="$(of cache publish "$TMP/run-d-allreduce" --namespace "$ns2" 2>&1)" || {
+      echo "$pub2"; RESULT[d]=FAIL; WHY[d]="publish failed"; return; }
+    echo "$pub2"
+    plan2="$(sed -n 's/^published plan \([0-9a-f]\{16\}\) .*/\1/p' <<<"$pub2")"
+    local env_d=(NCCL_DEBUG=INFO "NCCL_DEBUG_SUBSYS=INIT,TUNING,NET,PROFILE,ENV"
+                 "LD_LIBRARY_PATH=$PLUGIN_DIR:$RUN_LD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+                 "OPTIFLOW_NAMESPACE=$ns2" OPTIFLOW_SETTLE_S=0 "OPTIFLOW_PLAN=$plan2"
+                 NCCL_TUNER_PLUGIN=optiflow NCCL_NET_PLUGIN=optiflow NCCL_PROFILER_PLUGIN=optiflow)
+    rm -f "$idfile"
+    env "${env_d[@]}" NCCL_HOSTID=devcheck-a timeout "$CASE_TIMEOUT_S" "$CHECK" --rank 0 --nranks 2 \
+      --id-file "$idfile" >"$LOGDIR/case-d-rank0.log" 2>&1 &
+    local pid0=$!
+    env "${env_d[@]}" NCCL_HOSTID=devcheck-b timeout "$CASE_TIMEOUT_S" "$CHECK" --rank 1 --nranks 2 \
+      --id-file "$idfile" >"$LOGDIR/case-d-rank1.log" 2>&1
+    rc1=$?
+    wait "$pid0"
+    rc0=$?
+    CASE_LOG="$LOGDIR/case-d-rank0.log"
+    echo "exit status rank 0: $rc0, rank 1: $rc1; logs: $LOGDIR/case-d-rank{0,1}.log"
+    echo "-- the lines that matter (rank 0):"
+    grep -E "$SHOW_RE|PROFILER/Plugin|[Pp]rofiler|OptiFlow/Profiler|AllReduce: .*Algo|AllGather: .*Algo" "$CASE_LOG" | head -40
+    of cache measurements --namespace "$ns2" --json >"$LOGDIR/case-d-measurements.json" 2>&1
+    of cache measurements --namespace "$ns2" | tee "$LOGDIR/case-d-measurements.txt"
+    local timed
+    timed="$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(sum(1 for r in d["rows"] if r["calls"]>0 and r["min_us"]>0))' \
+             "$LOGDIR/case-d-measurements.json" 2>/dev/null || echo 0)"
+    local w=""
+    [ "$rc0" = 0 ] && [ "$rc1" = 0 ] || w+=", rc $rc0/$rc1"
+    has "$L_TUNER_USING" || w+=", tuner not loaded"
+    has "$L_NET_LOADED" || has "NET/Plugin: Loaded net plugin OptiFlow" || w+=", no net plugin line"
+    grep -qE "PROFILER/Plugin: Loaded|[Pp]rofiler plugin .*OptiFlow|OptiFlow/Profiler: timing collectives" "$CASE_LOG" ||
+      w+=", no profiler line"
+    has "$L_OURS using plan $plan2" || w+=", no '$L_OURS using plan $plan2' line"
+    [ "${timed:-0}" -gt 0 ] || w+=", no GPU-timed rows in optiflow cache measurements"
+    if [ -z "$w" ]; then
+      RESULT[d]=PASS; WHY[d]="3 plugins loaded, tuner on pinned plan $plan2, $timed GPU-timed rows"
+    else
+      RESULT[d]=FAIL; WHY[d]="${w#, }"
+    fi
+    of cache clear --remove --force --namespace "$ns2" >/dev/null 2>&1 || true
+  }
+
   # run_case NAME DESCRIPTION ENV...: runs nccl_plugin_check; sets CASE_RC and CASE_LOG.
   run_case() {
     local name="$1" desc="$2"
@@ -289,7 +375,7 @@ main() {
     echo "no GPU here: $(grep -F 'nccl_plugin_check: no GPU' "$CASE_LOG")"
     echo "NCCL cases (a)-(c) not run; without a GPU NCCL's communicator init fails at CUDA initialisation, before it"
     echo "loads any plugin, so only the probes above say anything about the plugin."
-    for c in a b c; do RESULT[$c]=SKIP; WHY[$c]="no GPU"; done
+    for c in a b c d; do RESULT[$c]=SKIP; WHY[$c]="no GPU"; done
   else
     if [ "$CASE_RC" = 0 ] && has "nccl_plugin_check: OK" && has "$L_TUNER_USING" && has "$L_OURS using plan $PLAN"; then
       RESULT[a]=PASS
@@ -321,6 +407,7 @@ main() {
     fi
     has "$L_NET_ENV" || WHY[b]+=" (no '$L_NET_ENV' line)"
 
+    run_two_ranks_case
     run_case c "NCCL_TUNER_PLUGIN=optiflow OPTIFLOW_PLAN=$ABSENT_PLAN (absent): init must fail" \
       NCCL_TUNER_PLUGIN=optiflow OPTIFLOW_PLAN="$ABSENT_PLAN"
     if [ "$CASE_RC" = 3 ] && has "$L_TUNER_USING" && has "OPTIFLOW_PLAN=$ABSENT_PLAN is not usable on node $HOST"; then
@@ -338,7 +425,7 @@ main() {
   # ---------------------------------------------------------------------------------------------------------------
   step "summary (NCCL: $(grep -ho 'NCCL library [0-9]*' "$LOGDIR"/case-a.log 2>/dev/null | head -1); plan $PLAN; namespace $NS)"
   status=0
-  for k in probe-a probe-b probe-c a b c; do
+  for k in probe-a probe-b probe-c a b c d; do
     printf '%-8s %-5s %s\n' "$k" "${RESULT[$k]}" "${WHY[$k]}"
     case "${RESULT[$k]}" in FAIL) status=1 ;; esac
   done

@@ -39,6 +39,7 @@
 #include "http_server.h"
 #include "optiflow/core/env.h"
 #include "optiflow/daemon/budget.h"
+#include "optiflow/daemon/measured.h"
 #include "optiflow/daemon/probe.h"
 #include "optiflow/daemon/work.h"
 #include "optiflow/schedcache/error.h"
@@ -249,6 +250,7 @@ class DaemonImpl final : public Daemon {
     h.unhealthy = [this] { return unhealthy(); };
     h.metrics = [this] {
       metrics_.set("optiflowd_resident_memory_bytes", residentBytes());
+      exportMeasured();
       return metrics_.renderPrometheus();
     };
     auto http = HttpServer::start(config_.metricsAddress, config_.metricsPort, std::move(h));
@@ -356,8 +358,25 @@ class DaemonImpl final : public Daemon {
   int metricsPort() const override { return http_ ? http_->port() : 0; }
 
  private:
+  // What the profiler plugins measured, joined with the plans the communicators used (docs/profiler.md). On the HTTP
+  // thread, per scrape, with a reader of its own (the work thread has another).
+  void exportMeasured() {
+    std::lock_guard<std::mutex> lock(measuredMutex_);
+    if (!measuredReader_) {
+      schedcache::Error err;
+      measuredReader_ = schedcache::Reader::attach(writerOptions_.ns, &err);
+      if (!measuredReader_) return;
+    }
+    try {
+      exportMeasurements(metrics_, joinMeasurements(*measuredReader_));
+    } catch (const std::exception& e) {
+      spdlog::warn("measurements: {}", e.what());
+    }
+  }
+
   void describeMetrics() {
     Metrics& m = metrics_;
+    describeMeasurementMetrics(m);
     m.describe("optiflowd_up", "gauge", "1 while optiflowd runs");
     m.describe("optiflowd_config_reloads_total", "counter", "Successful config reloads (SIGHUP)");
     m.describe("optiflowd_plans_published_total", "counter", "Plans made current in the schedule cache");
@@ -430,6 +449,10 @@ class DaemonImpl final : public Daemon {
     }
     work_loop_.reset();
     reader_.reset();
+    {
+      std::lock_guard<std::mutex> lock(measuredMutex_);
+      measuredReader_.reset();
+    }
     writer_ = std::move(w);
     buildWork(c, t);
     return true;
@@ -563,6 +586,8 @@ class DaemonImpl final : public Daemon {
 
   // The work thread's.
   std::unique_ptr<schedcache::Reader> reader_;
+  std::mutex measuredMutex_;
+  std::unique_ptr<schedcache::Reader> measuredReader_;
   std::unique_ptr<WorkGate> gate_;
   std::unique_ptr<WorkLoop> work_loop_;
   std::thread work_;

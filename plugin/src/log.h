@@ -40,3 +40,9 @@
   do {                                       \
   } while (0)
 #endif
+
+// The profiler plugin: NCCL_DEBUG_SUBSYS=PROFILE (INIT as well for init-time lines, which pass NCCL_INIT).
+#define OPTIFLOW_PROFILER_WARN(logger, fmt, ...) \
+  OPTIFLOW_LOG(logger, NCCL_LOG_WARN, NCCL_PROFILE | NCCL_INIT, "Profiler: " fmt __VA_OPT__(, ) __VA_ARGS__)
+#define OPTIFLOW_PROFILER_INFO(logger, fmt, ...) \
+  OPTIFLOW_LOG(logger, NCCL_LOG_INFO, NCCL_PROFILE | NCCL_INIT, "Profiler: " fmt __VA_OPT__(, ) __VA_ARGS__)

@@ -21,6 +21,8 @@ bool readParams(GetEnv getEnv, Params* out, std::string* error) {
     const std::string_view name(spec.name);
     if (name == "OPTIFLOW_TUNER") {
       p.tunerEnabled = v == "on";
+    } else if (name == "OPTIFLOW_PROFILER") {
+      p.profilerEnabled = v == "on";
     } else if (name == "OPTIFLOW_NAMESPACE") {
       p.ns = std::string(v);
     } else if (name == "OPTIFLOW_PLAN") {

@@ -13,5 +13,8 @@ namespace optiflow::schedcache::detail {
 PlanEntry toEntry(const PlanItem& item);
 // The inverse for an entry checkSlotContent accepted; paths are left empty (the reader resolves the offsets).
 PlanItem fromEntry(const PlanEntry& entry);
+// One trial candidate, both ways.
+TrialEntry toTrialEntry(const TrialCandidate& candidate);
+TrialCandidate fromTrialEntry(const TrialEntry& entry);
 
 }  // namespace optiflow::schedcache::detail

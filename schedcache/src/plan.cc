@@ -36,9 +36,12 @@ struct HashFields {
   std::int32_t nChannels;
   std::uint64_t chunkBytes;
   std::uint64_t scheduleId;
+  std::uint32_t trialCalls;
+  std::vector<TrialEntry> trials;
 
   auto key() const {
-    return std::tie(coll, nRanks, nNodes, minBytes, maxBytes, algorithm, protocol, nChannels, chunkBytes, scheduleId);
+    return std::tie(coll, nRanks, nNodes, minBytes, maxBytes, algorithm, protocol, nChannels, chunkBytes, scheduleId,
+                    trialCalls);
   }
 };
 
@@ -67,6 +70,24 @@ std::string describe(const PlanItem& it, std::size_t index) {
 }  // namespace
 
 namespace detail {
+
+TrialEntry toTrialEntry(const TrialCandidate& c) {
+  TrialEntry t{};
+  t.algorithm = static_cast<std::int8_t>(c.algorithm ? core::ncclIndex(*c.algorithm) : -1);
+  t.protocol = static_cast<std::int8_t>(c.protocol ? core::ncclIndex(*c.protocol) : -1);
+  t.nChannels = c.nChannels;
+  t.chunkBytes = c.chunkBytes;
+  return t;
+}
+
+TrialCandidate fromTrialEntry(const TrialEntry& t) {
+  TrialCandidate c;
+  c.algorithm = core::algorithmFromNccl(t.algorithm);
+  c.protocol = core::protocolFromNccl(t.protocol);
+  c.nChannels = t.nChannels;
+  c.chunkBytes = t.chunkBytes;
+  return c;
+}
 
 PlanEntry toEntry(const PlanItem& item) {
   PlanEntry e{};
@@ -117,11 +138,29 @@ std::uint64_t contentHash(const Plan& plan) {
   for (const PlanItem& it : plan.items) {
     // The hash is over the indices the segment stores (NCCL's), not over the vocabulary's enumerator values.
     const PlanEntry e = detail::toEntry(it);
-    fields.push_back({e.coll, e.nRanks, e.nNodes, e.minBytes, e.maxBytes, e.algorithm, e.protocol, e.nChannels,
-                      e.chunkBytes, e.scheduleId});
+    HashFields f{e.coll,
+                 e.nRanks,
+                 e.nNodes,
+                 e.minBytes,
+                 e.maxBytes,
+                 e.algorithm,
+                 e.protocol,
+                 e.nChannels,
+                 e.chunkBytes,
+                 e.scheduleId,
+                 it.trials.empty() ? 0u : it.trialCalls,
+                 {}};
+    for (const TrialCandidate& c : it.trials) f.trials.push_back(detail::toTrialEntry(c));
+    fields.push_back(std::move(f));
   }
   // Sorting on every hashed field makes the order of items irrelevant, even for duplicates.
-  std::sort(fields.begin(), fields.end(), [](const HashFields& a, const HashFields& b) { return a.key() < b.key(); });
+  auto trialKey = [](const TrialEntry& t) { return std::tie(t.algorithm, t.protocol, t.nChannels, t.chunkBytes); };
+  std::sort(fields.begin(), fields.end(), [&](const HashFields& a, const HashFields& b) {
+    if (a.key() != b.key()) return a.key() < b.key();
+    return std::lexicographical_compare(
+        a.trials.begin(), a.trials.end(), b.trials.begin(), b.trials.end(),
+        [&](const TrialEntry& x, const TrialEntry& y) { return trialKey(x) < trialKey(y); });
+  });
   constexpr std::size_t kRecordBytes = 1 + 4 + 4 + 8 + 8 + 1 + 1 + 4 + 8 + 8;
   std::vector<unsigned char> bytes;
   bytes.reserve(fields.size() * kRecordBytes);
@@ -136,6 +175,17 @@ std::uint64_t contentHash(const Plan& plan) {
     putLe(bytes, f.nChannels);
     putLe(bytes, f.chunkBytes);
     putLe(bytes, f.scheduleId);
+    // A plan without trials hashes as it did before trials existed.
+    if (f.trials.empty()) continue;
+    putLe(bytes, static_cast<std::uint8_t>(0x54));  // 'T': trials follow
+    putLe(bytes, f.trialCalls);
+    putLe(bytes, static_cast<std::uint32_t>(f.trials.size()));
+    for (const TrialEntry& t : f.trials) {
+      putLe(bytes, t.algorithm);
+      putLe(bytes, t.protocol);
+      putLe(bytes, t.nChannels);
+      putLe(bytes, t.chunkBytes);
+    }
   }
   Crc64Xz crc;
   crc.process_bytes(bytes.data(), bytes.size());
@@ -177,6 +227,7 @@ std::string validatePlan(const Plan& plan) {
   }
   std::unordered_set<std::string_view> paths;
   std::size_t pathBytes = 0;
+  std::size_t trialCount = 0;
   for (std::size_t i = 0; i < items.size(); ++i) {
     const PlanItem& it = items[i];
     // The underlying integers: a value static_cast past the last enumerator must not reach the segment.
@@ -198,12 +249,43 @@ std::string validatePlan(const Plan& plan) {
     if (it.minBytes > it.maxBytes) return describe(it, i) + ": minBytes is greater than maxBytes";
     if (it.nRanks == 0) return describe(it, i) + ": zero ranks";
     if (it.nNodes == 0) return describe(it, i) + ": zero nodes";
+    if (!it.trials.empty()) {
+      if (it.trials.size() > kMaxTrialsPerEntry) {
+        return describe(it, i) + ": " + std::to_string(it.trials.size()) + " trial candidates; at most " +
+               std::to_string(kMaxTrialsPerEntry);
+      }
+      if (it.trialCalls == 0 || it.trialCalls > kMaxTrialCalls) {
+        return describe(it, i) + ": " + std::to_string(it.trialCalls) + " calls per trial candidate; expected 1 to " +
+               std::to_string(kMaxTrialCalls);
+      }
+      trialCount += it.trials.size();
+      bool ncclOwn = false;
+      for (std::size_t c = 0; c < it.trials.size(); ++c) {
+        const TrialCandidate& t = it.trials[c];
+        const int ta = t.algorithm ? static_cast<int>(*t.algorithm) : -1;
+        const int tp = t.protocol ? static_cast<int>(*t.protocol) : -1;
+        const std::string which = describe(it, i) + ": trial candidate " + std::to_string(c);
+        if (ta >= core::kNumAlgorithms || tp >= core::kNumProtocols) return which + ": out of range";
+        if (!t.algorithm && (t.protocol || t.nChannels != 0 || t.chunkBytes != 0)) {
+          return which + ": NCCL's own choice with a protocol, channel count or chunk size";
+        }
+        if (t.nChannels < 0) return which + ": negative channel count";
+        if (!t.algorithm) ncclOwn = true;
+        for (std::size_t d = 0; d < c; ++d) {
+          if (it.trials[d] == t) return which + ": the same as candidate " + std::to_string(d);
+        }
+      }
+      if (!ncclOwn) return describe(it, i) + ": trials without NCCL's own choice among the candidates";
+    }
     for (const std::string* path : {&it.jsonPath, &it.xmlPath}) {
       if (path->empty()) continue;
       if (path->find('\0') != std::string::npos) return describe(it, i) + ": path contains a NUL byte";
       // The writer stores each distinct path once.
       if (paths.insert(*path).second) pathBytes += path->size() + 1;
     }
+  }
+  if (trialCount > kMaxTrials) {
+    return std::to_string(trialCount) + " trial candidates; a plan slot holds at most " + std::to_string(kMaxTrials);
   }
   if (pathBytes > kStringBytes) {
     return "schedule paths take " + std::to_string(pathBytes) + " bytes; a plan slot holds at most " +

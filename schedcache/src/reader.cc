@@ -83,7 +83,7 @@ std::size_t CommPlan::entryCount() const noexcept {
 std::size_t CommPlan::memoryBytes() const noexcept {
   std::size_t n = 0;
   for (const auto& v : byCollective) n += v.capacity() * sizeof(Decision);
-  return n;
+  return n + trials.capacity() * sizeof(TrialEntry);
 }
 
 Reader::Reader(std::string ns, std::unique_ptr<Mapping> mapping)
@@ -281,9 +281,18 @@ Status Reader::loadComm(std::uint64_t hash, std::uint32_t nRanks, std::uint32_t 
       d.algorithm = e.algorithm;
       d.protocol = e.protocol;
       d.nChannels = e.nChannels;
+      if (e.trialCount > 0) {  // readSlot checked trialFirst + trialCount against the slot's candidates
+        d.trialFirst = static_cast<std::uint16_t>(plan.trials.size());
+        d.trialCount = e.trialCount;
+        d.trialCalls = e.trialCalls;
+        d.trialIndex = plan.trialDecisions++;
+        plan.trials.insert(plan.trials.end(), copy.trials.begin() + e.trialFirst,
+                           copy.trials.begin() + e.trialFirst + e.trialCount);
+      }
       plan.byCollective[e.coll].push_back(d);
     }
     for (auto& v : plan.byCollective) v.shrink_to_fit();
+    plan.trials.shrink_to_fit();
     if (out != nullptr) *out = std::move(plan);
     return Status::kOk;
   } catch (const std::bad_alloc&) {
@@ -311,6 +320,12 @@ Status Reader::loadPlan(std::uint64_t hash, Plan* out, PlanInfo* info, std::stri
       PlanItem it = detail::fromEntry(e);
       it.jsonPath = str(e.jsonPath);
       it.xmlPath = str(e.xmlPath);
+      if (e.trialCount > 0) {
+        it.trialCalls = e.trialCalls;
+        for (std::uint32_t t = 0; t < e.trialCount; ++t) {
+          it.trials.push_back(detail::fromTrialEntry(copy.trials[e.trialFirst + t]));
+        }
+      }
       plan.items.push_back(std::move(it));
     }
     *out = std::move(plan);

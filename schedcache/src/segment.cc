@@ -80,14 +80,17 @@ std::uint32_t headerChecksum(const SegmentHeader& header) {
 }
 
 std::uint32_t slotChecksum(const PlanSlotHeader& header, const PlanEntry* entries, std::size_t entryCount,
-                           const char* strings, std::size_t stringBytes) {
+                           const char* strings, std::size_t stringBytes, const TrialEntry* trials,
+                           std::size_t trialCount) {
   boost::crc_32_type crc;
   const auto* h = reinterpret_cast<const char*>(&header);
   crc.process_bytes(h + offsetof(PlanSlotHeader, contentHash),
                     offsetof(PlanSlotHeader, checksum) - offsetof(PlanSlotHeader, contentHash));
+  crc.process_bytes(&header.trialCount, sizeof(header.trialCount));
   crc.process_bytes(header.source, sizeof(header.source));
   if (entryCount > 0) crc.process_bytes(entries, entryCount * sizeof(PlanEntry));
   if (stringBytes > 0) crc.process_bytes(strings, stringBytes);
+  if (trialCount > 0) crc.process_bytes(trials, trialCount * sizeof(TrialEntry));
   return crc.checksum();
 }
 
@@ -221,13 +224,16 @@ SlotState readSlot(const PlanSlot& slot, SlotCopy* out, std::string* detail, int
     copyHeader(slot, &out->header);
     const std::uint32_t count = out->header.entryCount;
     const std::uint32_t bytes = out->header.stringBytes;
+    const std::uint32_t trials = out->header.trialCount;
     // Counts are checked before they size a copy; only a stable sequence makes them an error.
-    const bool inRange = count <= kMaxEntries && bytes <= kStringBytes;
+    const bool inRange = count <= kMaxEntries && bytes <= kStringBytes && trials <= kMaxTrials;
     if (inRange) {
       out->entries.resize(count);
       out->strings.resize(bytes);
+      out->trials.resize(trials);
       if (count > 0) std::memcpy(out->entries.data(), slot.entries, count * sizeof(PlanEntry));
       if (bytes > 0) std::memcpy(out->strings.data(), slot.strings, bytes);
+      if (trials > 0) std::memcpy(out->trials.data(), slot.trials, trials * sizeof(TrialEntry));
     }
     std::atomic_thread_fence(std::memory_order_acquire);
     if (loadSeq(slot, std::memory_order_relaxed) != s1) {
@@ -236,12 +242,12 @@ SlotState readSlot(const PlanSlot& slot, SlotCopy* out, std::string* detail, int
     }
     out->header.seq = s1;
     if (!inRange) {
-      *detail =
-          std::to_string(count) + " entries and " + std::to_string(bytes) + " string bytes exceed the slot's capacity";
+      *detail = std::to_string(count) + " entries, " + std::to_string(bytes) + " string bytes and " +
+                std::to_string(trials) + " trial candidates exceed the slot's capacity";
       return SlotState::kCorrupt;
     }
-    const std::uint32_t sum =
-        slotChecksum(out->header, out->entries.data(), out->entries.size(), out->strings.data(), out->strings.size());
+    const std::uint32_t sum = slotChecksum(out->header, out->entries.data(), out->entries.size(), out->strings.data(),
+                                           out->strings.size(), out->trials.data(), out->trials.size());
     if (sum != out->header.checksum) {
       char buf[80];
       std::snprintf(buf, sizeof(buf), "checksum %08x, computed %08x", out->header.checksum, sum);
@@ -276,6 +282,11 @@ std::string checkSlotContent(const SlotCopy& copy) {
       what = "negative channel count";
     } else if (e.minBytes > e.maxBytes || e.nRanks == 0 || e.nNodes == 0) {
       what = "empty size range or shape";
+    } else if (e.trialCount > kMaxTrialsPerEntry || e.trialCalls > kMaxTrialCalls ||
+               (e.trialCount > 0 && e.trialCalls == 0) ||
+               std::uint64_t{e.trialFirst} + e.trialCount > copy.trials.size()) {
+      what = "trial candidates out of range (" + std::to_string(e.trialFirst) + " + " + std::to_string(e.trialCount) +
+             " of " + std::to_string(copy.trials.size()) + ", " + std::to_string(e.trialCalls) + " calls each)";
     } else if (badString(e.jsonPath) || badString(e.xmlPath)) {
       what = "path offset out of range or not NUL-terminated (" + std::to_string(e.jsonPath) + ", " +
              std::to_string(e.xmlPath) + " of " + std::to_string(strings.size()) + " bytes)";
@@ -286,6 +297,13 @@ std::string checkSlotContent(const SlotCopy& copy) {
       if (key < prevKey || (key == prevKey && e.minBytes <= p.maxBytes)) what = "out of order or overlapping";
     }
     if (!what.empty()) return "entry " + std::to_string(i) + ": " + what;
+  }
+  for (std::size_t i = 0; i < copy.trials.size(); ++i) {
+    const TrialEntry& t = copy.trials[i];
+    if (t.algorithm < -1 || t.algorithm >= core::kNumAlgorithms || t.protocol < -1 ||
+        t.protocol >= core::kNumProtocols || t.nChannels < 0 || (t.algorithm < 0 && t.protocol >= 0)) {
+      return "trial candidate " + std::to_string(i) + ": out of range";
+    }
   }
   return {};
 }

@@ -41,13 +41,15 @@ Error openSegment(std::string_view ns, MappedSegment* out);
 
 std::uint32_t headerChecksum(const SegmentHeader& header);
 std::uint32_t slotChecksum(const PlanSlotHeader& header, const PlanEntry* entries, std::size_t entryCount,
-                           const char* strings, std::size_t stringBytes);
+                           const char* strings, std::size_t stringBytes, const TrialEntry* trials,
+                           std::size_t trialCount);
 
 // The used part of one slot, copied out of the segment.
 struct SlotCopy {
   PlanSlotHeader header{};
   std::vector<PlanEntry> entries;
   std::vector<char> strings;
+  std::vector<TrialEntry> trials;
 };
 
 enum class SlotState {

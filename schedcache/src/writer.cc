@@ -141,6 +141,7 @@ struct SlotImage {
   PlanSlotHeader header{};
   std::vector<PlanEntry> entries;
   std::vector<char> strings;
+  std::vector<TrialEntry> trials;
 };
 
 void buildImage(const Plan& plan, std::uint64_t hash, std::uint64_t generation, SlotImage* image) {
@@ -169,6 +170,12 @@ void buildImage(const Plan& plan, std::uint64_t hash, std::uint64_t generation, 
     e = entries[order[i]];
     e.jsonPath = intern(it.jsonPath);
     e.xmlPath = intern(it.xmlPath);
+    if (!it.trials.empty()) {
+      e.trialFirst = static_cast<std::uint32_t>(image->trials.size());
+      e.trialCount = static_cast<std::uint8_t>(it.trials.size());
+      e.trialCalls = static_cast<std::uint16_t>(it.trialCalls);
+      for (const TrialCandidate& c : it.trials) image->trials.push_back(detail::toTrialEntry(c));
+    }
   }
   PlanSlotHeader& h = image->header;
   h.contentHash = hash;
@@ -176,15 +183,16 @@ void buildImage(const Plan& plan, std::uint64_t hash, std::uint64_t generation, 
   h.publishedNs = detail::realtimeNs();
   h.entryCount = static_cast<std::uint32_t>(image->entries.size());
   h.stringBytes = static_cast<std::uint32_t>(image->strings.size());
+  h.trialCount = static_cast<std::uint32_t>(image->trials.size());
   std::memcpy(h.source, plan.source.data(), std::min(plan.source.size(), kSourceBytes - 1));
   h.checksum = detail::slotChecksum(h, image->entries.data(), image->entries.size(), image->strings.data(),
-                                    image->strings.size());
+                                    image->strings.size(), image->trials.data(), image->trials.size());
 }
 
 // Seqlock write: odd while anything changes, the checksum last, even again at the end. A writer that dies in
 // between leaves the slot odd, which readers never use. entries == nullptr rewrites the header only.
 void writeSlot(PlanSlot& slot, const PlanSlotHeader& header, const PlanEntry* entries, const char* strings,
-               void (*hook)()) {
+               const TrialEntry* trials, void (*hook)()) {
   auto seq = ref(slot.header.seq);
   const std::uint64_t s = seq.load(std::memory_order_relaxed);
   const std::uint64_t odd = s % 2 == 0 ? s + 1 : s + 2;  // odd already: its writer died
@@ -203,6 +211,7 @@ void writeSlot(PlanSlot& slot, const PlanSlotHeader& header, const PlanEntry* en
     if (hook != nullptr) hook();
     if (n > half) std::memcpy(slot.entries + half, entries + half, (n - half) * sizeof(PlanEntry));
     if (header.stringBytes > 0) std::memcpy(slot.strings, strings, header.stringBytes);
+    if (header.trialCount > 0) std::memcpy(slot.trials, trials, header.trialCount * sizeof(TrialEntry));
   }
   slot.header.checksum = header.checksum;
   seq.store(odd + 1, std::memory_order_release);
@@ -389,14 +398,15 @@ std::optional<PublishResult> Writer::publish(const Plan& plan, Error* error) noe
       h.publishedNs = now;
       std::memset(h.source, 0, sizeof(h.source));
       std::memcpy(h.source, plan.source.data(), std::min(plan.source.size(), kSourceBytes - 1));
-      h.checksum =
-          detail::slotChecksum(h, copy.entries.data(), copy.entries.size(), copy.strings.data(), copy.strings.size());
-      writeSlot(seg.slots[reuse], h, nullptr, nullptr, nullptr);
+      h.checksum = detail::slotChecksum(h, copy.entries.data(), copy.entries.size(), copy.strings.data(),
+                                        copy.strings.size(), copy.trials.data(), copy.trials.size());
+      writeSlot(seg.slots[reuse], h, nullptr, nullptr, nullptr, nullptr);
       slot = reuse;
     } else if (target != kNoSlot) {
       SlotImage image;
       buildImage(plan, hash, newGeneration, &image);
-      writeSlot(seg.slots[target], image.header, image.entries.data(), image.strings.data(), midWriteHook_);
+      writeSlot(seg.slots[target], image.header, image.entries.data(), image.strings.data(), image.trials.data(),
+                midWriteHook_);
       slot = target;
     } else {
       err = makeError(Status::kBusy, path +

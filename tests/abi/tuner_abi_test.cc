@@ -269,11 +269,14 @@ TEST_P(ExportedTables, DynamicSymbolsAreExactlyThePluginTables) {
   const std::vector<DynamicSymbol> symbols = definedDynamicSymbols(lib, false, &error);
   ASSERT_TRUE(error.empty()) << error;
 
-  std::set<std::string> tuner, net;
+  std::set<std::string> tuner, net, profiler;
   std::vector<std::string> unexpected;
   for (const DynamicSymbol& s : symbols) {
     const bool netTable = s.name.rfind("ncclNetPlugin_v", 0) == 0;  // no ncclCollNetPlugin_v*: we export no CollNet
-    if (s.name.rfind("ncclTunerPlugin_v", 0) == 0) {
+    if (isNet && s.name.rfind("ncclProfiler_v", 0) == 0) {          // the net library carries the profiler too
+      profiler.insert(s.name);
+      EXPECT_TRUE(s.type == 'R' || s.type == 'D') << s.name << " has nm type " << s.type;
+    } else if (s.name.rfind("ncclTunerPlugin_v", 0) == 0) {
       tuner.insert(s.name);
       // A plugin table is a data object NCCL dlsym's and casts, never a function.
       EXPECT_TRUE(s.type == 'R' || s.type == 'D') << s.name << " has nm type " << s.type;
@@ -288,6 +291,7 @@ TEST_P(ExportedTables, DynamicSymbolsAreExactlyThePluginTables) {
   if (isNet) {
     EXPECT_EQ(net, (std::set<std::string>{"ncclNetPlugin_v9", "ncclNetPlugin_v10", "ncclNetPlugin_v11",
                                           "ncclNetPlugin_v12"}));
+    EXPECT_EQ(profiler, (std::set<std::string>{"ncclProfiler_v4", "ncclProfiler_v5", "ncclProfiler_v6"}));
   }
   EXPECT_TRUE(unexpected.empty()) << "exported beyond the plugin tables:\n" << joinLines(unexpected);
 

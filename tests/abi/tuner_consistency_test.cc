@@ -15,10 +15,12 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <new>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,7 @@
 
 #include "abi_test_support.h"
 #include "optiflow/schedcache/reader.h"
+#include "optiflow/tuner/tuner.h"
 
 namespace optiflow::abitest {
 namespace {
@@ -57,10 +60,13 @@ struct Outcome {
   bool operator==(const Outcome&) const = default;
 };
 
+constexpr int kMaxCalls = 64;  // the longest call sequence a rank reports
+
 struct RankReport {
   std::int32_t initRc = -1;
   std::int32_t callsOk = 0;  // 1 when every getCollInfo returned ncclSuccess
-  Outcome calls[kNumCalls];
+  std::int32_t numCalls = 0;
+  Outcome calls[kMaxCalls];
 };
 
 using Sequence = std::vector<Outcome>;
@@ -170,6 +176,9 @@ struct RankSpec {
   std::uint32_t nNodes;
   int version;  // 5 or 6
   unsigned seed;
+  const Call* calls = kCalls;  // the call sequence every rank runs (forked: the pointer stays valid)
+  int numCalls = kNumCalls;
+  int localRanks = kLocalRanks;  // rank processes of the communicator on this node
 };
 
 // A rank: waits at the barrier (EOF on barrierFd), sleeps 0-2000 µs, dlopens the tuner, inits the communicator and
@@ -202,11 +211,12 @@ struct RankSpec {
     report.initRc = init(&ctx, spec.commId, spec.nRanks, spec.nNodes, captureLogger, &nvl, &constants);
     if (report.initRc == ncclSuccess) {
       report.callsOk = 1;
-      for (int i = 0; i < kNumCalls; ++i) {
+      report.numCalls = std::min(spec.numCalls, kMaxCalls);
+      for (int i = 0; i < report.numCalls; ++i) {
         CostTable<7> table = ncclLikeTable<7>();
         int nCh = 0;
-        if (getCollInfo(ctx, kCalls[i].coll, kCalls[i].nBytes, 1, table.nccl(), 7, NCCL_NUM_PROTOCOLS, 0, &nCh) !=
-            ncclSuccess) {
+        if (getCollInfo(ctx, spec.calls[i].coll, spec.calls[i].nBytes, 1, table.nccl(), 7, NCCL_NUM_PROTOCOLS, 0,
+                        &nCh) != ncclSuccess) {
           report.callsOk = 0;
         }
         const Choice c = ncclPick(table);
@@ -236,7 +246,7 @@ std::vector<RankResult> runCommunicator(const RankSpec& base, Clock::time_point 
   if (::pipe2(barrier, O_CLOEXEC) != 0) return {};
   std::vector<pid_t> pids;
   std::vector<int> outs;
-  for (int k = 0; k < kLocalRanks; ++k) {
+  for (int k = 0; k < base.localRanks; ++k) {
     int out[2];
     if (::pipe2(out, O_CLOEXEC) != 0) break;
     const pid_t pid = ::fork();
@@ -304,9 +314,10 @@ std::vector<RankResult> runCommunicator(const RankSpec& base, Clock::time_point 
 }
 
 // Checks that every rank inited, reported and agrees with rank 0. Rank 0's sequence, or nullopt after a failure.
-std::optional<Sequence> agreedSequence(const std::vector<RankResult>& results, const std::string& what) {
-  EXPECT_EQ(results.size(), static_cast<std::size_t>(kLocalRanks)) << what << ": could not fork every rank";
-  if (results.size() != static_cast<std::size_t>(kLocalRanks)) return std::nullopt;
+std::optional<Sequence> agreedSequence(const std::vector<RankResult>& results, const std::string& what,
+                                       int localRanks = kLocalRanks) {
+  EXPECT_EQ(results.size(), static_cast<std::size_t>(localRanks)) << what << ": could not fork every rank";
+  if (results.size() != static_cast<std::size_t>(localRanks)) return std::nullopt;
   std::optional<Sequence> first;
   bool ok = true;
   for (std::size_t i = 0; i < results.size(); ++i) {
@@ -320,7 +331,7 @@ std::optional<Sequence> agreedSequence(const std::vector<RankResult>& results, c
       ok = false;
       continue;
     }
-    const Sequence s(std::begin(r.report.calls), std::end(r.report.calls));
+    const Sequence s(r.report.calls, r.report.calls + std::clamp(r.report.numCalls, 0, kMaxCalls));
     if (!first) {
       first = s;
     } else if (s != *first) {
@@ -556,6 +567,152 @@ TEST_F(ConsistencyTest, WriterKilledMidPublishLeavesPreviousPlan) {
     ASSERT_TRUE(s.has_value());
     EXPECT_EQ(*s, expectedSequence(&b, 8, 1)) << "rank 0 log:\n" << results[0].log;
   }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Rank-consistent trials (docs/consistency.md, "Trials"): a plan entry names candidates, NCCL's own choice among them;
+// every rank tries them on the same calls, because the choice depends only on the pinned plan's hash, the
+// communicator id and the communicator's own count of calls of that collective and size range.
+
+constexpr Call kTrialCalls[] = {
+    {ncclFuncAllReduce, 1u << 20}, {ncclFuncAllGather, 65536},    {ncclFuncAllReduce, 4u << 20},
+    {ncclFuncAllReduce, 1024},     {ncclFuncAllReduce, 2u << 20}, {ncclFuncAllGather, 131072},
+    {ncclFuncAllReduce, 1u << 20}, {ncclFuncAllReduce, 8u << 20}, {ncclFuncAllGather, 65536},
+    {ncclFuncAllReduce, 1u << 20}, {ncclFuncAllReduce, 1u << 20}, {ncclFuncAllGather, 65536},
+    {ncclFuncAllReduce, 1u << 20}, {ncclFuncAllReduce, 3u << 20}, {ncclFuncAllGather, 65536},
+    {ncclFuncAllReduce, 1u << 20}, {ncclFuncAllReduce, 1u << 20}, {ncclFuncAllGather, 65536},
+    {ncclFuncAllReduce, 1u << 20}, {ncclFuncAllReduce, 1u << 20}, {ncclFuncAllGather, 65536},
+    {ncclFuncAllReduce, 1u << 20}, {ncclFuncAllReduce, 1u << 20}, {ncclFuncAllGather, 65536},
+};
+constexpr int kNumTrialCalls = static_cast<int>(sizeof(kTrialCalls) / sizeof(kTrialCalls[0]));
+constexpr int kTrialRanks = 8;
+
+schedcache::TrialCandidate candidate(std::optional<Algorithm> a, std::optional<Protocol> p, std::int32_t ch) {
+  schedcache::TrialCandidate c;
+  c.algorithm = a;
+  c.protocol = p;
+  c.nChannels = ch;
+  return c;
+}
+
+// A and B decide differently and try different candidates.
+schedcache::Plan makeTrialPlan(bool b) {
+  schedcache::Plan p = makePlan(b);
+  p.source = b ? "tests/abi trial plan B" : "tests/abi trial plan A";
+  for (schedcache::PlanItem& it : p.items) {
+    if (it.nRanks != 8) continue;
+    if (it.coll == Collective::AllReduce && it.minBytes == 65536) {
+      it.trials = {candidate(std::nullopt, std::nullopt, 0), candidate(Algorithm::Tree, Protocol::Simple, b ? 6 : 2),
+                   candidate(Algorithm::Ring, Protocol::Simple, 8)};
+      it.trialCalls = b ? 2 : 3;
+    } else if (it.coll == Collective::AllGather) {
+      it.trials = {candidate(Algorithm::Pat, Protocol::Simple, 0), candidate(std::nullopt, std::nullopt, 0)};
+      it.trialCalls = b ? 1 : 2;
+    }
+  }
+  return p;
+}
+
+// What a rank using `plan` (pinned as `hash`) on communicator commId reports for kTrialCalls, from the plan's items
+// and the tuner's own choice function (the plugin is reached through dlopen; the pure function is linked here).
+Sequence expectedTrialSequence(const schedcache::Plan& plan, std::uint64_t hash, std::uint64_t commId) {
+  Sequence s;
+  const Choice native = ncclPick(ncclLikeTable<7>());
+  std::map<const schedcache::PlanItem*, std::uint64_t> calls;
+  for (const Call& call : kTrialCalls) {
+    Outcome o{native.algo, native.proto, 0};
+    for (const schedcache::PlanItem& it : plan.items) {
+      if (core::ncclFuncIndex(it.coll) != static_cast<int>(call.coll) || it.nRanks != 8 || it.nNodes != 1 ||
+          call.nBytes < it.minBytes || call.nBytes > it.maxBytes) {
+        continue;
+      }
+      o = {core::ncclIndex(*it.algorithm), core::ncclIndex(*it.protocol), it.nChannels};
+      if (it.trials.empty()) break;
+      const std::optional<std::uint32_t> c =
+          tuner::trialCandidate(hash, commId, static_cast<std::uint32_t>(call.coll), it.minBytes, calls[&it]++,
+                                static_cast<std::uint32_t>(it.trials.size()), it.trialCalls);
+      if (c) {
+        const schedcache::TrialCandidate& t = it.trials[*c];
+        o = t.algorithm ? Outcome{core::ncclIndex(*t.algorithm), core::ncclIndex(*t.protocol), t.nChannels}
+                        : Outcome{native.algo, native.proto, 0};
+      }
+    }
+    s.push_back(o);
+  }
+  return s;
+}
+
+TEST(TrialChoice, PureFunctionCyclingEveryCandidate) {
+  // The same inputs give the same answer; each candidate gets exactly callsEach calls; then the decision.
+  for (std::uint64_t comm : {1ull, 0xdeadbeefull, 0x123456789abcdefull}) {
+    std::vector<int> seen(5, 0);
+    for (std::uint64_t call = 0; call < 5 * 3; ++call) {
+      const auto c = tuner::trialCandidate(0xabcdef, comm, 4, 65536, call, 5, 3);
+      ASSERT_TRUE(c.has_value());
+      ASSERT_LT(*c, 5u);
+      EXPECT_EQ(c, tuner::trialCandidate(0xabcdef, comm, 4, 65536, call, 5, 3));
+      ++seen[*c];
+      if (call % 3 != 0) {
+        EXPECT_EQ(c, tuner::trialCandidate(0xabcdef, comm, 4, 65536, call - 1, 5, 3));
+      }
+    }
+    EXPECT_EQ(seen, std::vector<int>(5, 3));
+    EXPECT_FALSE(tuner::trialCandidate(0xabcdef, comm, 4, 65536, 15, 5, 3).has_value());
+  }
+  // The rotation depends on the communicator: across many communicators every candidate comes first sometimes.
+  std::set<std::uint32_t> first;
+  for (std::uint64_t comm = 1; comm < 64; ++comm) first.insert(*tuner::trialCandidate(7, comm, 2, 0, 0, 4, 1));
+  EXPECT_EQ(first.size(), 4u);
+}
+
+// Eight ranks of one communicator, the same call sequence, while a writer alternates two plans with trials: every
+// rank makes the same decision on every call, trials included, and the sequence is exactly the one the plan and the
+// choice function give for the plan the communicator pinned.
+TEST_F(ConsistencyTest, TrialsAreIdenticalOnEveryRankWhilePlansArePublished) {
+  const schedcache::Plan a = makeTrialPlan(false);
+  const schedcache::Plan b = makeTrialPlan(true);
+  ASSERT_EQ(schedcache::validatePlan(a), "");
+  ASSERT_EQ(schedcache::validatePlan(b), "");
+  const std::uint64_t hashA = schedcache::contentHash(a);
+  const std::uint64_t hashB = schedcache::contentHash(b);
+  ASSERT_NE(hashA, hashB);
+  startWriter({a, b});
+  const auto loopDeadline = Clock::now() + std::chrono::seconds(40);
+  int sawA = 0, sawB = 0, sawNone = 0, comms = 0;
+  for (; comms < 120 && (comms < 12 || sawA == 0 || sawB == 0) && Clock::now() < loopDeadline; ++comms) {
+    RankSpec spec{commId(1000 + comms), 8, 1, comms % 2 == 0 ? 5 : 6, static_cast<unsigned>(comms)};
+    spec.calls = kTrialCalls;
+    spec.numCalls = kNumTrialCalls;
+    spec.localRanks = kTrialRanks;
+    const std::vector<RankResult> results = runCommunicator(spec, Clock::now() + std::chrono::seconds(20));
+    const std::optional<Sequence> s = agreedSequence(results, "communicator " + std::to_string(comms), kTrialRanks);
+    ASSERT_TRUE(s.has_value());
+    const Sequence seqA = expectedTrialSequence(a, hashA, spec.commId);
+    const Sequence seqB = expectedTrialSequence(b, hashB, spec.commId);
+    ASSERT_NE(seqA, seqB);
+    if (*s == seqA) {
+      ++sawA;
+    } else if (*s == seqB) {
+      ++sawB;
+    } else {
+      // No plan at all (the current plan unreadable at the first rank's init): NCCL's pick on every call.
+      const Choice native = ncclPick(ncclLikeTable<7>());
+      const Sequence none(kNumTrialCalls, Outcome{native.algo, native.proto, 0});
+      if (*s == none) {
+        ++sawNone;
+        continue;
+      }
+      FAIL() << "communicator " << comms << " followed neither plan:\n  got " << toString(*s) << "\n  A   "
+             << toString(seqA) << "\n  B   " << toString(seqB) << "\n  rank 0 log:\n"
+             << results[0].log;
+    }
+  }
+  stopWriter();
+  std::printf("[          ] %d communicators x %d ranks with trials: plan A %d, plan B %d, no plan %d\n", comms,
+              kTrialRanks, sawA, sawB, sawNone);
+  EXPECT_GT(sawA, 0);
+  EXPECT_GT(sawB, 0);
+  EXPECT_LE(sawNone, comms / 2);
 }
 
 }  // namespace

@@ -19,6 +19,13 @@
 //     (N ranks, 1 node) with a printf logger, then finalize. It shows what the tuner does at init with the current
 //     OPTIFLOW_* environment on a machine without a GPU; it is no substitute for the NCCL run.
 //
+//   nccl_plugin_check --rank R --nranks N --id-file FILE [--iters K]
+//     One rank of an N-rank communicator in this process, on GPU 0 (several processes may share one GPU when each
+//     has its own NCCL_HOSTID: NCCL then treats them as separate nodes and their traffic goes through the net
+//     plugin). Rank 0 writes ncclGetUniqueId to FILE, the others wait for it; then ncclCommInitRank, AllReduce and
+//     AllGather (float) at 4 KiB, 1 MiB and 16 MiB, K times each (default 5, so the profiler sees repeated calls),
+//     results checked on this rank.
+//
 // Exit status: 0 OK; 1 a CUDA/NCCL call failed or a result was wrong; 2 no GPU (CUDA sees no device);
 // 3 ncclCommInitAll failed (the script's case (c) expects this); 4 bad usage; 5 the tuner probe's init failed.
 
@@ -256,6 +263,95 @@ int runNccl(int ndevWanted) {
   return kExitOk;
 }
 
+// One rank of a multi-process communicator (see the header comment).
+int runRank(int rank, int nranks, const std::string& idFile, int iters) {
+  int ndev = 0;
+  const cudaError_t e = cudaGetDeviceCount(&ndev);
+  if (e != cudaSuccess || ndev <= 0) {
+    std::printf("nccl_plugin_check: no GPU: cudaGetDeviceCount: %s\n",
+                e == cudaSuccess ? "0 devices" : cudaGetErrorName(e));
+    return kExitNoGpu;
+  }
+  CUDA_OK(cudaSetDevice(0));
+  ncclUniqueId id{};
+  if (rank == 0) {
+    NCCL_OK(ncclGetUniqueId(&id));
+    const std::string tmp = idFile + ".tmp";
+    FILE* f = std::fopen(tmp.c_str(), "wb");
+    if (f == nullptr || std::fwrite(&id, sizeof id, 1, f) != 1 || std::fclose(f) != 0)
+      die(kExitFailed, "cannot write %s", tmp.c_str());
+    if (std::rename(tmp.c_str(), idFile.c_str()) != 0) die(kExitFailed, "cannot rename %s", tmp.c_str());
+  } else {
+    bool got = false;
+    for (int i = 0; i < 600 && !got; ++i) {  // at most 60 s for rank 0 to write it
+      FILE* f = std::fopen(idFile.c_str(), "rb");
+      if (f != nullptr) {
+        got = std::fread(&id, sizeof id, 1, f) == 1;
+        std::fclose(f);
+      }
+      if (!got) ::usleep(100000);
+    }
+    if (!got) die(kExitFailed, "no unique id in %s after 60 s", idFile.c_str());
+  }
+  ncclComm_t comm = nullptr;
+  const ncclResult_t ir = ncclCommInitRank(&comm, nranks, id, rank);
+  if (ir != ncclSuccess) {
+    std::printf("nccl_plugin_check: ncclCommInitRank failed: %s (%d): %s\n", ncclGetErrorString(ir),
+                static_cast<int>(ir), ncclGetLastError(nullptr));
+    return kExitInitFailed;
+  }
+  std::printf("nccl_plugin_check: rank %d of %d initialised\n", rank, nranks);
+  cudaStream_t stream = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const std::size_t sizes[] = {std::size_t{4} << 10, std::size_t{1} << 20, std::size_t{16} << 20};
+  const std::size_t maxCount = sizes[2] / sizeof(float);
+  float* send = nullptr;
+  float* recv = nullptr;
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&send), maxCount * sizeof(float)));
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&recv), maxCount * static_cast<std::size_t>(nranks) * sizeof(float)));
+  std::size_t failures = 0;
+  for (bool gather : {false, true}) {
+    for (std::size_t bytes : sizes) {
+      const std::size_t count = bytes / sizeof(float);
+      std::vector<float> host(count);
+      for (std::size_t i = 0; i < count; ++i) host[i] = static_cast<float>(rank + 1 + static_cast<int>(i % 7));
+      CUDA_OK(cudaMemcpy(send, host.data(), count * sizeof(float), cudaMemcpyHostToDevice));
+      for (int k = 0; k < iters; ++k) {
+        if (gather) {
+          NCCL_OK(ncclAllGather(send, recv, count, ncclFloat, comm, stream));
+        } else {
+          NCCL_OK(ncclAllReduce(send, recv, count, ncclFloat, ncclSum, comm, stream));
+        }
+      }
+      CUDA_OK(cudaStreamSynchronize(stream));
+      const std::size_t nRecv = gather ? count * static_cast<std::size_t>(nranks) : count;
+      std::vector<float> out(nRecv);
+      CUDA_OK(cudaMemcpy(out.data(), recv, nRecv * sizeof(float), cudaMemcpyDeviceToHost));
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < nRecv; ++i) {
+        const float want = gather
+                               ? static_cast<float>(static_cast<int>(i / count) + 1 + static_cast<int>((i % count) % 7))
+                               : static_cast<float>(nranks * (nranks + 1) / 2 + nranks * static_cast<int>(i % 7));
+        if (out[i] != want) ++wrong;
+      }
+      std::printf("nccl_plugin_check: rank %d %-9s %7s per rank x %d: %s\n", rank, gather ? "AllGather" : "AllReduce",
+                  sizeText(bytes).c_str(), iters,
+                  wrong == 0 ? "ok" : (std::to_string(wrong) + " wrong elements").c_str());
+      if (wrong != 0) ++failures;
+    }
+  }
+  CUDA_OK(cudaFree(send));
+  CUDA_OK(cudaFree(recv));
+  CUDA_OK(cudaStreamDestroy(stream));
+  NCCL_OK(ncclCommDestroy(comm));  // tuner and profiler finalize run here
+  if (failures != 0) {
+    std::printf("nccl_plugin_check: FAILED: %zu collective/size pairs gave wrong results\n", failures);
+    return kExitFailed;
+  }
+  std::printf("nccl_plugin_check: OK\n");
+  return kExitOk;
+}
+
 // NCCL's v5 tuner table, declared here with plain types (nccl.h declares none of the plugin ABI). Field order and
 // sizes follow ../shared/reference/nccl-plugin-abi.md 2.1 and 2.4: init(void** ctx, uint64_t commId, size_t nRanks,
 // size_t nNodes, logger, ncclNvlDomainInfo_v5_t*, ncclTunerConstants_v5_t*), getCollInfo, finalize.
@@ -323,6 +419,10 @@ int main(int argc, char** argv) {
   int ndev = 0;
   int probeRanks = 1;
   const char* plugin = "libnccl-tuner-optiflow.so";
+  int rank = -1;
+  int nranks = 0;
+  int iters = 5;
+  std::string idFile;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const char* next = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -334,14 +434,32 @@ int main(int argc, char** argv) {
     } else if (a == "--ranks") {
       probeRanks = parseInt("--ranks", next, 1, 4096);
       ++i;
+    } else if (a == "--rank") {
+      rank = parseInt("--rank", next, 0, 4095);
+      ++i;
+    } else if (a == "--nranks") {
+      nranks = parseInt("--nranks", next, 1, 4096);
+      ++i;
+    } else if (a == "--iters") {
+      iters = parseInt("--iters", next, 1, 1000);
+      ++i;
+    } else if (a == "--id-file" && next != nullptr) {
+      idFile = next;
+      ++i;
     } else if (a == "--plugin" && next != nullptr) {
       plugin = next;
       ++i;
     } else {
       die(kExitUsage,
-          "usage: nccl_plugin_check [--ndev N] | --tuner-probe [--ranks N] [--plugin NAME_OR_PATH] (got '%s')",
+          "usage: nccl_plugin_check [--ndev N] | --tuner-probe [--ranks N] [--plugin NAME_OR_PATH] | --rank R --nranks "
+          "N "
+          "--id-file FILE [--iters K] (got '%s')",
           a.c_str());
     }
+  }
+  if (rank >= 0) {
+    if (nranks <= rank || idFile.empty()) die(kExitUsage, "--rank R needs --nranks N > R and --id-file FILE");
+    return runRank(rank, nranks, idFile, iters);
   }
   return probe ? runProbe(plugin, probeRanks) : runNccl(ndev);
 }

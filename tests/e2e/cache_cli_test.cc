@@ -292,6 +292,60 @@ TEST_F(CacheCli, ShowListsPinsAndActivity) {
   EXPECT_FALSE(fs::exists(segmentFile(ns_)));
 }
 
+// What the profiler plugin writes (the Reader calls it makes on a completed collective), read back as a user does.
+TEST_F(CacheCli, MeasurementsListsWhatTheProfilerRecorded) {
+  const CliResult absent = cache("measurements");
+  EXPECT_EQ(absent.rc, 1) << absent.all();
+  EXPECT_TRUE(contains(absent.err, "no schedule cache")) << absent.err;
+  const CliResult pub = cache(fmt::format("publish {}", run_.string()));
+  ASSERT_EQ(pub.rc, 0) << pub.all();
+  const CliResult empty = cache("measurements --json");
+  ASSERT_EQ(empty.rc, 0) << empty.all();
+  EXPECT_TRUE(json::parse(empty.out).at("rows").empty());
+  {
+    sc::Error error;
+    std::unique_ptr<sc::Reader> reader = sc::Reader::attach(ns_, &error);
+    ASSERT_NE(reader, nullptr) << error.message;
+    sc::MeasureRecord* ring = reader->measureRecord(0xabcULL, static_cast<std::uint8_t>(core::Collective::AllGather),
+                                                    1 << 20, 1, 2, 8);  // Ring, Simple, 8 channels
+    ASSERT_NE(ring, nullptr);
+    for (std::uint64_t us = 10; us <= 100; us += 10) sc::Reader::addMeasurement(ring, us * 1000, 5'000'000'000LL);
+    sc::MeasureRecord* tree = reader->measureRecord(0xabcULL, static_cast<std::uint8_t>(core::Collective::AllReduce),
+                                                    4096, 0, 0, 2);  // Tree, LL, 2 channels
+    ASSERT_NE(tree, nullptr);
+    sc::Reader::addMeasurement(tree, 7'000, 6'000'000'000LL);
+    sc::MeasureCounters counters{};
+    counters.untimed = 3;
+    reader->addMeasureCounters(counters);
+  }
+  const CliResult r = cache("measurements --json");
+  ASSERT_EQ(r.rc, 0) << r.all();
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j.at("counters").at("untimed"), 3);
+  ASSERT_EQ(j.at("rows").size(), 2u) << j.dump(1);
+  const json& ag = j.at("rows")[0];  // sorted by communicator, then collective: allgather before allreduce
+  EXPECT_EQ(ag.at("communicator"), "0000000000000abc");
+  EXPECT_EQ(ag.at("collective"), "allgather");
+  EXPECT_EQ(ag.at("size_bytes"), 1 << 20);
+  EXPECT_EQ(ag.at("algorithm"), "Ring");
+  EXPECT_EQ(ag.at("protocol"), "Simple");
+  EXPECT_EQ(ag.at("channels"), 8);
+  EXPECT_EQ(ag.at("calls"), 10);
+  EXPECT_DOUBLE_EQ(ag.at("min_us").get<double>(), 10.0);
+  EXPECT_NEAR(ag.at("median_us").get<double>(), 50.0, 50.0 * 0.032);
+  EXPECT_NEAR(ag.at("p90_us").get<double>(), 90.0, 90.0 * 0.032);
+  const json& ar = j.at("rows")[1];
+  EXPECT_EQ(ar.at("collective"), "allreduce");
+  EXPECT_EQ(ar.at("algorithm"), "Tree");
+  EXPECT_EQ(ar.at("protocol"), "LL");
+  EXPECT_DOUBLE_EQ(ar.at("min_us").get<double>(), 7.0);
+  const CliResult text = cache("measurements");
+  ASSERT_EQ(text.rc, 0) << text.all();
+  for (const char* s : {"0000000000000abc", "allgather", "Ring", "Simple", "3 collectives without GPU stamps"}) {
+    EXPECT_TRUE(contains(text.out, s)) << s << text.out;
+  }
+}
+
 TEST_F(CacheCli, VerifyNamesACorruptedSlot) {
   const CliResult pub = cache(fmt::format("publish {}", run_.string()));
   ASSERT_EQ(pub.rc, 0) << pub.all();

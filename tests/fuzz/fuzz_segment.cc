@@ -209,9 +209,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   sc::PlanSlot& slot = f.segment->slots[f.slot];
   if ((flags & kKeepOddSeq) == 0) slot.header.seq &= ~std::uint64_t{1};
   if ((flags & kRecomputeChecksums) != 0) {
-    if (slot.header.entryCount <= sc::kMaxEntries && slot.header.stringBytes <= sc::kStringBytes) {
-      slot.header.checksum = optiflow::schedcache::detail::slotChecksum(
-          slot.header, slot.entries, slot.header.entryCount, slot.strings, slot.header.stringBytes);
+    if (slot.header.entryCount <= sc::kMaxEntries && slot.header.stringBytes <= sc::kStringBytes &&
+        slot.header.trialCount <= sc::kMaxTrials) {
+      slot.header.checksum =
+          optiflow::schedcache::detail::slotChecksum(slot.header, slot.entries, slot.header.entryCount, slot.strings,
+                                                     slot.header.stringBytes, slot.trials, slot.header.trialCount);
     }
     f.segment->header.headerChecksum = optiflow::schedcache::detail::headerChecksum(f.segment->header);
   }

@@ -47,11 +47,14 @@ std::string shapeText(const CommShape& shape) {
 
 InitResult loaded(Log& log, const schedcache::CommPlan& plan, std::unique_ptr<schedcache::Reader> reader,
                   const CommShape& shape, const char* how) {
-  log.write(LogLevel::kInfo, "using plan " + planName(plan.planHash) + " (" + how + ") for " + shapeText(shape) + ": " +
-                                 std::to_string(plan.entryCount()) + " decisions" +
-                                 (plan.entryCount() == 0 ? " (none for this shape: NCCL decides)" : ""));
+  log.write(
+      LogLevel::kInfo,
+      "using plan " + planName(plan.planHash) + " (" + how + ") for " + shapeText(shape) + ": " +
+          std::to_string(plan.entryCount()) + " decisions" +
+          (plan.entryCount() == 0 ? " (none for this shape: NCCL decides)" : "") +
+          (plan.trialDecisions == 0 ? std::string() : ", " + std::to_string(plan.trialDecisions) + " with trials"));
   InitResult r;
-  r.tuner = std::make_unique<CommTuner>(plan, std::move(reader));
+  r.tuner = std::make_unique<CommTuner>(plan, std::move(reader), shape.commId.value_or(0));
   return r;
 }
 
@@ -158,15 +161,54 @@ InitResult initComm(const Settings& settings, const CommShape& shape, Log& log) 
   return loaded(log, plan, std::move(reader), shape, "adopted from the first rank");
 }
 
-CommTuner::CommTuner(schedcache::CommPlan plan, std::unique_ptr<schedcache::Reader> reader)
-    : plan_(std::move(plan)), reader_(std::move(reader)) {}
+std::optional<std::uint32_t> trialCandidate(std::uint64_t planHash, std::uint64_t commId, std::uint32_t coll,
+                                            std::uint64_t minBytes, std::uint64_t call, std::uint32_t candidates,
+                                            std::uint32_t callsEach) noexcept {
+  if (candidates == 0 || callsEach == 0 || call >= std::uint64_t{candidates} * callsEach) return std::nullopt;
+  // splitmix64 finaliser over the shared inputs: the same rotation on every rank.
+  auto mix = [](std::uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+  };
+  const std::uint64_t rotation = mix(planHash ^ mix(commId ^ mix((std::uint64_t{coll} << 56) ^ minBytes))) % candidates;
+  return static_cast<std::uint32_t>((call / callsEach + rotation) % candidates);
+}
+
+CommTuner::CommTuner(schedcache::CommPlan plan, std::unique_ptr<schedcache::Reader> reader, std::uint64_t commId)
+    : plan_(std::move(plan)), reader_(std::move(reader)), commId_(commId) {
+  if (plan_.trialDecisions > 0) {
+    trialCalls_ = std::make_unique<std::atomic<std::uint64_t>[]>(plan_.trialDecisions);
+    for (std::uint16_t i = 0; i < plan_.trialDecisions; ++i) trialCalls_[i].store(0, std::memory_order_relaxed);
+  }
+}
+
+CommTuner::Applied CommTuner::applied(std::uint32_t coll, const schedcache::Decision& d,
+                                      std::uint64_t call) const noexcept {
+  Applied a{d.algorithm, d.protocol, d.nChannels, d.chunkBytes};
+  if (d.trialCount == 0) return a;
+  const std::optional<std::uint32_t> c =
+      trialCandidate(plan_.planHash, commId_, coll, d.minBytes, call, d.trialCount, d.trialCalls);
+  if (!c) return a;
+  const schedcache::TrialEntry& t = plan_.trials[d.trialFirst + *c];
+  return {t.algorithm, t.protocol, t.nChannels, t.chunkBytes};
+}
 
 bool CommTuner::applyCostTable(std::uint32_t coll, std::uint64_t nBytes, float* table, int numAlgo, int numProto,
                                int* nChannels) const noexcept {
   if (reader_) reader_->recordCall(coll, nBytes);
   if (!hasPlan() || table == nullptr || numAlgo <= 0 || numProto <= 0) return false;
-  const schedcache::Decision* d = plan_.find(coll, nBytes);
-  if (d == nullptr || d->algorithm < 0 || d->protocol < 0 || d->algorithm >= numAlgo || d->protocol >= numProto) {
+  const schedcache::Decision* decision = plan_.find(coll, nBytes);
+  if (decision == nullptr) return false;
+  // Every call of the decision counts, whatever the table says: the table is the same on every rank, and so is
+  // the count.
+  const std::uint64_t call =
+      decision->trialCount == 0 ? 0 : trialCalls_[decision->trialIndex].fetch_add(1, std::memory_order_relaxed);
+  const Applied a = applied(coll, *decision, call);
+  const Applied* d = &a;
+  if (d->algorithm < 0 || d->protocol < 0 || d->algorithm >= numAlgo || d->protocol >= numProto) {
     return false;
   }
   float& chosen = table[d->algorithm * numProto + d->protocol];
@@ -223,12 +265,23 @@ bool CommTuner::applyDirect(std::uint32_t coll, std::uint64_t nBytes, bool collN
 bool CommTuner::chunkSize(std::uint32_t coll, std::uint64_t nBytes, int algorithm, int protocol,
                           std::size_t* chunkBytes) const noexcept {
   if (!hasPlan() || chunkBytes == nullptr) return false;
-  const schedcache::Decision* d = plan_.find(coll, nBytes);
-  if (d == nullptr || d->chunkBytes == 0 || d->algorithm != algorithm || d->protocol != protocol) return false;
-  *chunkBytes = static_cast<std::size_t>(d->chunkBytes);
+  const schedcache::Decision* decision = plan_.find(coll, nBytes);
+  if (decision == nullptr) return false;
+  // NCCL asks for the chunk size after getCollInfo of the same call: the candidate of the last counted call.
+  std::uint64_t call = 0;
+  if (decision->trialCount != 0) {
+    const std::uint64_t calls = trialCalls_[decision->trialIndex].load(std::memory_order_relaxed);
+    if (calls == 0) return false;
+    call = calls - 1;
+  }
+  const Applied d = applied(coll, *decision, call);
+  if (d.chunkBytes == 0 || d.algorithm != algorithm || d.protocol != protocol) return false;
+  *chunkBytes = static_cast<std::size_t>(d.chunkBytes);
   return true;
 }
 
-std::size_t CommTuner::memoryBytes() const noexcept { return sizeof(*this) + plan_.memoryBytes(); }
+std::size_t CommTuner::memoryBytes() const noexcept {
+  return sizeof(*this) + plan_.memoryBytes() + plan_.trialDecisions * sizeof(std::atomic<std::uint64_t>);
+}
 
 }  // namespace optiflow::tuner

@@ -117,9 +117,11 @@ std::uint32_t documentedSlotChecksum(const PlanSlot& slot) {
   const auto* h = reinterpret_cast<const char*>(&slot.header);
   crc.process_bytes(h + offsetof(PlanSlotHeader, contentHash),
                     offsetof(PlanSlotHeader, checksum) - offsetof(PlanSlotHeader, contentHash));
+  crc.process_bytes(&slot.header.trialCount, sizeof(slot.header.trialCount));
   crc.process_bytes(slot.header.source, sizeof(slot.header.source));
   crc.process_bytes(slot.entries, slot.header.entryCount * sizeof(PlanEntry));
   crc.process_bytes(slot.strings, slot.header.stringBytes);
+  crc.process_bytes(slot.trials, slot.header.trialCount * sizeof(TrialEntry));
   return crc.checksum();
 }
 

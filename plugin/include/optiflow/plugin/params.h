@@ -1,6 +1,6 @@
 // Every OPTIFLOW_* variable the plugins read, in the typed registry form of optiflow/core/env.h: name, type, default
 // and documentation together (docs/schedcache.md shows describeParams(); a test checks the two agree). Values are
-// read once, at tuner init and at net plugin init, and parsed strictly: a value that does not parse is an error
+// read once, at tuner, profiler and net plugin init, and parsed strictly: a value that does not parse is an error
 // naming the variable, the value and what was expected, never a silent default.
 #pragma once
 
@@ -19,6 +19,8 @@ using core::env::ParamType;
 inline constexpr ParamSpec kParams[] = {
     {"OPTIFLOW_TUNER", ParamType::kEnum, "on", "on|off",
      "on: the tuner applies published plans; off: it never does (NCCL decides), without uninstalling anything."},
+    {"OPTIFLOW_PROFILER", ParamType::kEnum, "on", "on|off",
+     "on: the profiler plugin times collectives on the GPU into the schedule cache; off: it subscribes to no event."},
     {"OPTIFLOW_NAMESPACE", ParamType::kNamespace, "default", "",
      "Which schedule cache to read: /dev/shm/optiflow-<namespace>; [A-Za-z0-9_.-], at most 64 characters."},
     {"OPTIFLOW_PLAN", ParamType::kPlanHash, "", "",
@@ -48,6 +50,7 @@ inline constexpr ParamSpec kParams[] = {
 
 struct Params {
   bool tunerEnabled = true;
+  bool profilerEnabled = true;
   std::string ns = "default";
   std::optional<std::uint64_t> plan;
   bool planMissingDefaults = false;

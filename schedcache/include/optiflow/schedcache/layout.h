@@ -13,6 +13,8 @@
 //   PlanSlot[]      published plans; a slot is written under its own sequence counter (odd while written) and
 //                   becomes current only after its checksum is stored, so a reader never uses a torn plan and a
 //                   writer killed mid-write leaves the previous current plan untouched (docs/schedcache.md)
+//   MeasureRegion   GPU times of collectives, measured by the profiler plugin in every job on the node, per
+//                   communicator, collective, size, algorithm, protocol and channel count (docs/profiler.md)
 #pragma once
 
 #include <atomic>
@@ -62,13 +64,33 @@ struct PlanEntry {
   std::int8_t protocol;    // -1: any
   std::uint8_t flags;      // reserved, 0
   std::int32_t nChannels;  // 0: NCCL decides
-  std::uint64_t reserved;
+  // Rank-consistent trials (docs/consistency.md): trialCount candidates at PlanSlot::trials[trialFirst..], tried
+  // trialCalls calls each on a communicator's first calls of this size range; 0: no trials.
+  std::uint32_t trialFirst;
+  std::uint8_t trialCount;
+  std::uint8_t trialReserved;  // 0
+  std::uint16_t trialCalls;
 };
 static_assert(std::is_trivially_copyable_v<PlanEntry> && std::is_standard_layout_v<PlanEntry>);
 static_assert(sizeof(PlanEntry) == 80);
 static_assert(offsetof(PlanEntry, nRanks) == 32 && offsetof(PlanEntry, nativeUs) == 40);
 static_assert(offsetof(PlanEntry, jsonPath) == 56 && offsetof(PlanEntry, coll) == 64);
-static_assert(offsetof(PlanEntry, nChannels) == 68 && offsetof(PlanEntry, reserved) == 72);
+static_assert(offsetof(PlanEntry, nChannels) == 68 && offsetof(PlanEntry, trialFirst) == 72);
+static_assert(offsetof(PlanEntry, trialCount) == 76 && offsetof(PlanEntry, trialCalls) == 78);
+
+// One NCCL-native configuration a plan entry tries (NCCL's indices); algorithm -1 is NCCL's own choice (the tuner
+// leaves the cost table alone for that call).
+inline constexpr std::uint32_t kMaxTrials = 4096;       // per plan
+inline constexpr std::uint32_t kMaxTrialsPerEntry = 8;  // candidates of one entry, NCCL's own included
+inline constexpr std::uint32_t kMaxTrialCalls = 1000;   // calls per candidate
+struct TrialEntry {
+  std::int8_t algorithm;  // -1: NCCL's own choice
+  std::int8_t protocol;   // -1: any (only with an algorithm)
+  std::uint16_t reserved;
+  std::int32_t nChannels;    // 0: NCCL decides
+  std::uint64_t chunkBytes;  // NCCL 2.30 getChunkSize; 0: NCCL decides
+};
+static_assert(std::is_trivially_copyable_v<TrialEntry> && sizeof(TrialEntry) == 16);
 
 struct PlanSlotHeader {
   std::uint64_t seq;  // atomic_ref; odd while the slot is being written
@@ -77,10 +99,10 @@ struct PlanSlotHeader {
   std::int64_t publishedNs;  // CLOCK_REALTIME
   std::uint32_t entryCount;
   std::uint32_t stringBytes;  // used bytes of strings
-  // CRC-32 over the bytes from contentHash up to (not including) checksum, then source[], then
-  // entries[0..entryCount), then strings[0..stringBytes).
+  // CRC-32 over the bytes from contentHash up to (not including) checksum, then trialCount, source[], then
+  // entries[0..entryCount), then strings[0..stringBytes), then trials[0..trialCount).
   std::uint32_t checksum;
-  std::uint32_t flags;        // reserved, 0
+  std::uint32_t trialCount;   // used records of PlanSlot::trials
   char source[kSourceBytes];  // where the plan came from (plan directory), NUL-terminated, for `show`
 };
 static_assert(std::is_trivially_copyable_v<PlanSlotHeader> && sizeof(PlanSlotHeader) == 288);
@@ -90,9 +112,10 @@ struct PlanSlot {
   PlanSlotHeader header;
   PlanEntry entries[kMaxEntries];
   char strings[kStringBytes];
+  TrialEntry trials[kMaxTrials];
 };
 static_assert(std::is_trivially_copyable_v<PlanSlot>);
-static_assert(sizeof(PlanSlot) == 288 + 80 * kMaxEntries + kStringBytes);
+static_assert(sizeof(PlanSlot) == 288 + 80 * kMaxEntries + kStringBytes + 16 * kMaxTrials);
 
 struct CommPin {
   std::uint64_t commId;    // atomic_ref; 0: free
@@ -174,6 +197,76 @@ inline std::uint64_t netNameKey(const char* name, std::size_t length) {
   return h == 0 ? 1 : h;
 }
 
+// ---- Profiler plugin: measured collectives ---------------------------------------------------------------------
+inline constexpr std::uint32_t kMeasureRecords = 2048;  // distinct (communicator, collective, size, config) per node
+// The quantile sketch: a log-linear histogram of GPU times in ns. Octave k (times in [2^(kSketchMinLog2+k),
+// 2^(kSketchMinLog2+k+1))) is split into kSketchSubBuckets equal buckets, so a quantile read back as its bucket's
+// midpoint is within 1/(2*kSketchSubBuckets) = 3.1% of a recorded time. Times below 2^kSketchMinLog2 ns (128 ns)
+// fall into bucket 0, times at or above 2^(kSketchMinLog2+kSketchOctaves) ns (about 137 s) into the last one.
+inline constexpr std::uint32_t kSketchMinLog2 = 7;
+inline constexpr std::uint32_t kSketchOctaves = 30;
+inline constexpr std::uint32_t kSketchSubBuckets = 16;
+inline constexpr std::uint32_t kSketchBuckets = kSketchOctaves * kSketchSubBuckets;
+
+// One measured configuration. `key` (atomic_ref) is 0 while free; a plugin claims a free record with a CAS to
+// measureKey(...) of the fields below, then writes them and sets `ready` (release). Every process of the node that
+// measures the same configuration adds into the same record (relaxed atomics), so the ranks of one communicator on a
+// node pool their samples. Records are never freed (`optiflow cache clear --remove` starts over).
+struct MeasureRecord {
+  std::uint64_t key;
+  std::uint64_t commId;     // the communicator id NCCL gives the tuner and the profiler alike
+  std::uint64_t sizeBytes;  // nccl-tests size: the whole buffer
+  std::uint8_t coll;        // core::Collective
+  std::int8_t algorithm;    // NCCL_ALGO_* index
+  std::int8_t protocol;     // NCCL_PROTO_* index
+  std::uint8_t ready;       // atomic_ref: 1 once commId..channels are written
+  std::uint32_t channels;
+  std::uint64_t calls;  // atomic_ref: timed calls
+  std::uint64_t minNs;  // atomic_ref: 0 until the first call
+  std::uint64_t sumNs;  // atomic_ref
+  std::int64_t lastNs;  // atomic_ref: GPU globaltimer (ns, the driver keeps it near CLOCK_REALTIME) of the last stop
+  std::uint32_t sketch[kSketchBuckets];  // atomic_ref: calls per bucket (sketchBucket)
+};
+static_assert(std::is_trivially_copyable_v<MeasureRecord> && sizeof(MeasureRecord) == 64 + 4 * kSketchBuckets);
+static_assert(offsetof(MeasureRecord, calls) == 32 && offsetof(MeasureRecord, sketch) == 64);
+
+// Counters of what the profilers of the node could not record (each added at communicator finalize).
+struct MeasureCounters {
+  std::uint64_t untimed;    // collectives without GPU stamps for every channel (not timed, as Inspector does)
+  std::uint64_t poolFull;   // events dropped because a profiler's fixed pool was full
+  std::uint64_t tableFull;  // timed collectives dropped because no MeasureRecord was free
+  std::uint64_t foreign;    // events naming a handle or parent the profiler never gave out
+};
+
+struct MeasureRegion {
+  MeasureCounters counters;  // atomic_ref on each field
+  MeasureRecord records[kMeasureRecords];
+};
+static_assert(std::is_trivially_copyable_v<MeasureRegion> && sizeof(MeasureRegion) % 8 == 0);
+
+inline std::uint64_t measureKey(std::uint64_t commId, std::uint8_t coll, std::uint64_t sizeBytes, std::int8_t algorithm,
+                                std::int8_t protocol, std::uint32_t channels) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  auto mixIn = [&h](std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 0x100000001b3ULL;
+  };
+  mixIn(commId);
+  mixIn(sizeBytes);
+  mixIn((std::uint64_t{coll} << 24) | (std::uint64_t{static_cast<std::uint8_t>(algorithm)} << 16) |
+        (std::uint64_t{static_cast<std::uint8_t>(protocol)} << 8));
+  mixIn(channels);
+  return h == 0 ? 1 : h;
+}
+
+inline std::uint32_t sketchBucket(std::uint64_t ns) {
+  if (ns < (std::uint64_t{1} << kSketchMinLog2)) return 0;
+  const std::uint32_t log2 = static_cast<std::uint32_t>(63 - __builtin_clzll(ns));
+  if (log2 >= kSketchMinLog2 + kSketchOctaves) return kSketchBuckets - 1;
+  const std::uint32_t sub = static_cast<std::uint32_t>((ns >> (log2 - 4)) & (kSketchSubBuckets - 1));
+  return (log2 - kSketchMinLog2) * kSketchSubBuckets + sub;
+}
+static_assert(kSketchSubBuckets == 16 && kSketchMinLog2 >= 4);  // sketchBucket takes 4 bits below the leading one
+
 struct SegmentHeader {
   std::uint64_t magic;
   std::uint32_t layoutVersion;
@@ -203,6 +296,7 @@ struct Segment {
   Activity activity;
   NetRegion net;
   PlanSlot slots[kPlanSlots];
+  MeasureRegion measure;
 };
 static_assert(std::is_trivially_copyable_v<Segment>);
 static_assert(offsetof(Segment, pins) == 256 && offsetof(Segment, activity) == 256 + 32 * kCommPins);

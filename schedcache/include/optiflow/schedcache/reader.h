@@ -12,6 +12,7 @@
 
 #include "optiflow/schedcache/error.h"
 #include "optiflow/schedcache/layout.h"
+#include "optiflow/schedcache/measure.h"
 #include "optiflow/schedcache/plan.h"
 
 namespace optiflow::schedcache {
@@ -24,6 +25,10 @@ struct Decision {
   std::int8_t algorithm = -1;
   std::int8_t protocol = -1;
   std::int32_t nChannels = 0;
+  std::uint8_t trialCount = 0;  // candidates at CommPlan::trials[trialFirst..]; 0: no trials
+  std::uint16_t trialFirst = 0;
+  std::uint16_t trialCalls = 0;  // calls per candidate
+  std::uint16_t trialIndex = 0;  // this decision's number among those with trials (the tuner's call counters)
 };
 
 // The decisions of one plan for one communicator shape (nRanks, nNodes), private to the communicator: once
@@ -31,6 +36,8 @@ struct Decision {
 struct CommPlan {
   std::uint64_t planHash = 0;                                       // 0: no plan
   std::array<std::vector<Decision>, kNumCollectives> byCollective;  // sorted by minBytes, disjoint
+  std::vector<TrialEntry> trials;                                   // the candidates of decisions with trials
+  std::uint16_t trialDecisions = 0;                                 // decisions with trials
 
   // nullptr when the plan has no decision for (coll, nBytes). noexcept, allocation-free: binary search.
   const Decision* find(std::uint32_t coll, std::uint64_t nBytes) const noexcept;
@@ -104,6 +111,18 @@ class Reader {
   int railIndex(std::string_view ifname) const noexcept;
   std::uint32_t railWeight(int index) const noexcept;
   std::vector<NetRailWeight> railWeights() const;
+
+  // Profiler plugin measurements (MeasureRegion). The record of one configuration, claimed on first use by any
+  // process of the node (open addressing on measureKey, CAS on the key); nullptr when the table is full. Hot path of
+  // the profiler: no allocation, lock or system call.
+  MeasureRecord* measureRecord(std::uint64_t commId, std::uint8_t coll, std::uint64_t sizeBytes, std::int8_t algorithm,
+                               std::int8_t protocol, std::uint32_t channels) noexcept;
+  // One timed call into a record: relaxed atomic adds (calls, sum, sketch bucket), an atomic minimum, the last stop.
+  static void addMeasurement(MeasureRecord* record, std::uint64_t ns, std::int64_t stopNs) noexcept;
+  void addMeasureCounters(const MeasureCounters& delta) noexcept;
+  // Every ready record with calls, in table order; and the node's counters.
+  std::vector<Measurement> measurements() const;
+  MeasureCounters measureCounters() const noexcept;
 
  private:
   struct Mapping;

@@ -3,6 +3,7 @@
 // NCCL's arguments into these calls and back.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -62,10 +63,20 @@ struct InitResult {
 // process and reason.
 InitResult initComm(const Settings& settings, const CommShape& shape, Log& log);
 
+// Rank-consistent trials (docs/consistency.md): which candidate call number `call` (0-based: the communicator's own
+// count of calls of this decision's collective and size range) of a decision with `candidates` candidates of
+// `callsEach` calls each uses; nullopt once the trials are over (the decision itself applies). A pure function of
+// what every rank of the communicator shares: the plan's content hash, the communicator id, the decision (collective
+// and range start) and the count. The order of candidates is rotated by a hash of the first three, so that
+// communicators of one job do not all try the same candidate at the same time of the run.
+std::optional<std::uint32_t> trialCandidate(std::uint64_t planHash, std::uint64_t commId, std::uint32_t coll,
+                                            std::uint64_t minBytes, std::uint64_t call, std::uint32_t candidates,
+                                            std::uint32_t callsEach) noexcept;
+
 class CommTuner {
  public:
   CommTuner() = default;
-  CommTuner(schedcache::CommPlan plan, std::unique_ptr<schedcache::Reader> reader);
+  CommTuner(schedcache::CommPlan plan, std::unique_ptr<schedcache::Reader> reader, std::uint64_t commId = 0);
 
   bool hasPlan() const noexcept { return plan_.planHash != 0; }
   std::uint64_t planHash() const noexcept { return plan_.planHash; }
@@ -74,21 +85,37 @@ class CommTuner {
   // plan's entry to 0.0 (and any other 0.0 entry to a tiny positive cost, so the tie rule cannot pick it) and
   // *nChannels when the plan has a channel count. Leaves everything untouched (returns false) without a decision,
   // or when the decision's entry is -1 or outside numAlgo x numProto: an entry NCCL disabled is never enabled.
+  // A decision with trials counts the call and, while its trials last, applies the candidate trialCandidate names
+  // instead (NCCL's own choice: the table is left alone).
   bool applyCostTable(std::uint32_t coll, std::uint64_t nBytes, float* table, int numAlgo, int numProto,
                       int* nChannels) const noexcept;
   // Hot path (v2, NCCL 2.21): no table; writes algorithm/protocol only when the algorithm is one NCCL 2.21 can run
   // for that collective given collNet/NVLS support.
   bool applyDirect(std::uint32_t coll, std::uint64_t nBytes, bool collNetSupport, bool nvlsSupport, int* algorithm,
                    int* protocol, int* nChannels) const noexcept;
-  // v6 getChunkSize: the plan's chunk size when NCCL's final (algo, proto) is the plan's decision for this call.
+  // v6 getChunkSize: the plan's chunk size when NCCL's final (algo, proto) is the plan's decision for this call (or,
+  // during trials, the candidate of the last getCollInfo of this decision).
   bool chunkSize(std::uint32_t coll, std::uint64_t nBytes, int algorithm, int protocol,
                  std::size_t* chunkBytes) const noexcept;
 
   std::size_t memoryBytes() const noexcept;  // private bytes of this communicator (the footprint benchmark)
 
  private:
+  // What a call of decision d applies: the decision itself, or the trial candidate of call number `call`.
+  struct Applied {
+    std::int8_t algorithm = -1;
+    std::int8_t protocol = -1;
+    std::int32_t nChannels = 0;
+    std::uint64_t chunkBytes = 0;
+  };
+  Applied applied(std::uint32_t coll, const schedcache::Decision& d, std::uint64_t call) const noexcept;
+
   schedcache::CommPlan plan_;
   std::unique_ptr<schedcache::Reader> reader_;  // for the activity counters; null without a segment
+  std::uint64_t commId_ = 0;
+  // Calls so far per decision with trials (Decision::trialIndex). NCCL calls a communicator's tuner from one thread
+  // at a time; relaxed atomics keep a misbehaving caller from a data race.
+  std::unique_ptr<std::atomic<std::uint64_t>[]> trialCalls_;
 };
 
 }  // namespace optiflow::tuner
