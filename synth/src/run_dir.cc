@@ -432,14 +432,10 @@ core::Result<bool> writeRunDirectory(const fs::path& dir, const core::Topology& 
     const std::size_t s = n - 1 - i;
     const SizeBest& sb = result.sizes[s];
     if (sb.best < 0 || !sb.schedule) return;
-    const CandidateRecord& r = result.history.at(static_cast<std::size_t>(sb.best));
     auto& w = wrote[s];
     const std::string stem = scheduleStem(config.collective, sb.sizeBytes);
-    // Sizes led by one program write the same file with the same text; each write is a rename, so either wins.
-    w = writeText(dir / "programs" / (r.id + ".ofl"), r.text);
-    if (w)
-      w = writeText(dir / "schedules" / (stem + ".json"),
-                    compiler::formatSchedule(*sb.schedule, compiler::ScheduleFormat::Json));
+    w = writeText(dir / "schedules" / (stem + ".json"),
+                  compiler::formatSchedule(*sb.schedule, compiler::ScheduleFormat::Json));
     if (w)
       w = writeText(dir / "schedules" / (stem + ".xml"),
                     compiler::formatSchedule(*sb.schedule, compiler::ScheduleFormat::MscclXml));
@@ -452,7 +448,13 @@ core::Result<bool> writeRunDirectory(const fs::path& dir, const core::Topology& 
       w = writeText(dir / "schedules" / (stem + ".mscclpp.json"), compiler::mscclpp::writeMscclppPlan(plan->plan));
     }
   });
-  for (const auto& w : wrote) {
+  for (std::size_t s = 0; s < n; ++s) {
+    if (!wrote[s]) return wrote[s];
+    const SizeBest& sb = result.sizes[s];
+    if (sb.best < 0 || !sb.schedule) continue;
+    // One program may lead several sizes: its file is written here, never by two threads at once.
+    const CandidateRecord& r = result.history.at(static_cast<std::size_t>(sb.best));
+    auto w = writeText(dir / "programs" / (r.id + ".ofl"), r.text);
     if (!w) return w;
   }
   // The plan last: a reader (the daemon, a report) that sees plan.json sees the files it names.
