@@ -168,6 +168,17 @@ json planInfoJson(const sc::PlanInfo& p) {
           {"current", p.current}};
 }
 
+json trialsJson(const sc::PlanItem& it) {
+  json list = json::array();
+  for (const sc::TrialCandidate& t : it.trials) {
+    list.push_back({{"algorithm", t.algorithm ? json(std::string(core::toString(*t.algorithm))) : json(nullptr)},
+                    {"protocol", t.protocol ? json(std::string(core::toString(*t.protocol))) : json(nullptr)},
+                    {"channels", t.nChannels},
+                    {"chunk_bytes", t.chunkBytes}});
+  }
+  return list;
+}
+
 json itemJson(const sc::PlanItem& it) {
   return {{"collective", std::string(core::toString(it.coll))},
           {"ranks", it.nRanks},
@@ -179,6 +190,11 @@ json itemJson(const sc::PlanItem& it) {
           {"channels", it.nChannels},
           {"chunk_bytes", it.chunkBytes},
           {"native_us", shortest(it.nativeUs)},
+          // Which time applies (native_us, or nccl_us where there is no decision): measured in running jobs or
+          // predicted by the simulator.
+          {"time_source", it.measured ? "measured" : "predicted"},
+          {"trials", trialsJson(it)},
+          {"trial_calls", it.trials.empty() ? 0u : it.trialCalls},
           {"nccl_us", shortest(it.ncclUs)},
           {"best_us", shortest(it.bestUs)},
           {"bound_us", shortest(it.boundUs)},
@@ -511,12 +527,13 @@ int runCacheShow(const CacheArgs& args) {
           it.nNodes != plan.items[i - 1].nNodes) {
         fmt::print("\n{} on {} ranks, {} node{}:\n", core::toString(it.coll), it.nRanks, it.nNodes,
                    it.nNodes == 1 ? "" : "s");
-        fmt::print("  {:<20}  {:<22}  {:>8}  {:>10}  {:>10}  {:>10}  {:>10}\n", "sizes", "native decision", "chunk",
-                   "native_us", "nccl_us", "best_us", "bound_us");
+        fmt::print("  {:<20}  {:<22}  {:>8}  {:>10}  {:>10}  {:>10}  {:>10}  {:<9}\n", "sizes", "native decision",
+                   "chunk", "native_us", "nccl_us", "best_us", "bound_us", "time");
       }
-      fmt::print("  {:<20}  {:<22}  {:>8}  {:>10}  {:>10}  {:>10}  {:>10}\n", sizeRange(it.minBytes, it.maxBytes),
-                 decisionText(it), it.chunkBytes == 0 ? std::string("-") : core::formatSize(it.chunkBytes),
-                 usText(it.nativeUs), usText(it.ncclUs), usText(it.bestUs), usText(it.boundUs));
+      fmt::print("  {:<20}  {:<22}  {:>8}  {:>10}  {:>10}  {:>10}  {:>10}  {:<9}\n",
+                 sizeRange(it.minBytes, it.maxBytes), decisionText(it),
+                 it.chunkBytes == 0 ? std::string("-") : core::formatSize(it.chunkBytes), usText(it.nativeUs),
+                 usText(it.ncclUs), usText(it.bestUs), usText(it.boundUs), it.measured ? "measured" : "predicted");
     }
   }
   for (const std::string& p : problems) fmt::print(stderr, "optiflow: {}\n", p);

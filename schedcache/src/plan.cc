@@ -107,6 +107,7 @@ PlanEntry toEntry(const PlanItem& item) {
   e.algorithm = static_cast<std::int8_t>(item.algorithm ? core::ncclIndex(*item.algorithm) : -1);
   e.protocol = static_cast<std::int8_t>(item.protocol ? core::ncclIndex(*item.protocol) : -1);
   e.nChannels = item.nChannels;
+  e.flags = item.measured ? kEntryMeasured : 0;
   return e;
 }
 
@@ -126,6 +127,7 @@ PlanItem fromEntry(const PlanEntry& e) {
   it.bestUs = e.bestUs;
   it.boundUs = e.boundUs;
   it.ncclUs = e.ncclUs;
+  it.measured = (e.flags & kEntryMeasured) != 0;
   it.scheduleId = e.scheduleId;
   return it;
 }

@@ -69,6 +69,15 @@ class PlanLoader {
       // NCCL's own choice is only shown; a plan without it still has decisions.
       if (entry.nccl) item.ncclUs = static_cast<float>(entry.nccl->timeUs);
       if (entry.native) nativeDecision(*entry.native, item);
+      // The time that applies is the decision's, or NCCL's own where there is none.
+      item.measured = item.algorithm ? entry.native->measured : (entry.nccl && entry.nccl->measured);
+      for (std::size_t t = 0; t < entry.trials.size(); ++t) {
+        std::string why;
+        const std::optional<schedcache::TrialCandidate> candidate = trialCandidate(entry.trials[t], &why);
+        if (!candidate) return planError(fmt::format("{}.entries[{}].trials.candidates[{}]: {}", path, e, t, why));
+        item.trials.push_back(*candidate);
+      }
+      if (!item.trials.empty()) item.trialCalls = static_cast<std::uint32_t>(entry.trialCalls);
       if (entry.best) {
         const PlanBest& b = *entry.best;
         item.bestUs = static_cast<float>(b.timeUs);
@@ -79,6 +88,26 @@ class PlanLoader {
       plan_.items.push_back(std::move(item));
     }
     return std::nullopt;
+  }
+
+  // A trial's names as the cache holds them; nullopt with *why saying what was expected.
+  static std::optional<schedcache::TrialCandidate> trialCandidate(const PlanTrial& t, std::string* why) {
+    schedcache::TrialCandidate c;
+    c.nChannels = t.channels;
+    c.chunkBytes = t.chunkBytes;
+    if (t.algorithm.empty()) return c;
+    c.algorithm = core::parseAlgorithm(t.algorithm);
+    if (!c.algorithm) {
+      *why = fmt::format("expected an NCCL algorithm name or null, got \"{}\"", t.algorithm);
+      return std::nullopt;
+    }
+    if (t.protocol.empty()) return c;
+    c.protocol = core::parseProtocol(t.protocol);
+    if (!c.protocol) {
+      *why = fmt::format("expected LL, LL128 or Simple, got \"{}\"", t.protocol);
+      return std::nullopt;
+    }
+    return c;
   }
 
   static void nativeDecision(const NativeChoice& n, schedcache::PlanItem& item) {

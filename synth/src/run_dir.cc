@@ -50,7 +50,27 @@ core::Result<bool> writeText(const fs::path& file, std::string_view text) {
 json nativeToJson(const NativeChoice& n) {
   json j = {{"algorithm", n.algorithm}, {"protocol", n.protocol}, {"channels", n.channels}, {"time_us", n.timeUs}};
   if (n.chunkBytes != 0) j["chunk_bytes"] = n.chunkBytes;
+  if (n.measured) {  // optiflowd measured time_us in running jobs; simulated_us is the simulator's time
+    j["measured"] = true;
+    j["simulated_us"] = n.simulatedUs;
+  }
   return j;
+}
+
+json trialsToJson(const PlanEntry& e) {
+  json candidates = json::array();
+  for (const PlanTrial& t : e.trials) {
+    if (t.algorithm.empty()) {
+      candidates.push_back({{"algorithm", nullptr}});
+      continue;
+    }
+    json c = {{"algorithm", t.algorithm},
+              {"protocol", t.protocol.empty() ? json(nullptr) : json(t.protocol)},
+              {"channels", t.channels}};
+    if (t.chunkBytes != 0) c["chunk_bytes"] = t.chunkBytes;
+    candidates.push_back(std::move(c));
+  }
+  return {{"calls", e.trialCalls}, {"candidates", std::move(candidates)}};
 }
 
 json optionalNative(const std::optional<NativeChoice>& n) { return n ? nativeToJson(*n) : json(nullptr); }
@@ -79,14 +99,16 @@ json planToJson(const PlanFile& p) {
   for (const PlanCollective& c : p.collectives) {
     json entries = json::array();
     for (const PlanEntry& e : c.entries) {
-      entries.push_back({{"size_bytes", e.sizeBytes},
-                         {"min_bytes", e.minBytes},
-                         {"max_bytes", e.maxBytes},
-                         {"bound_us", e.boundUs},
-                         {"effective_bound_us", e.effectiveBoundUs},
-                         {"nccl", optionalNative(e.nccl)},
-                         {"native", optionalNative(e.native)},
-                         {"best", e.best ? bestToJson(*e.best) : json(nullptr)}});
+      json entry = {{"size_bytes", e.sizeBytes},
+                    {"min_bytes", e.minBytes},
+                    {"max_bytes", e.maxBytes},
+                    {"bound_us", e.boundUs},
+                    {"effective_bound_us", e.effectiveBoundUs},
+                    {"nccl", optionalNative(e.nccl)},
+                    {"native", optionalNative(e.native)},
+                    {"best", e.best ? bestToJson(*e.best) : json(nullptr)}};
+      if (!e.trials.empty()) entry["trials"] = trialsToJson(e);
+      entries.push_back(std::move(entry));
     }
     collectives.push_back({{"collective", std::string(core::toString(c.collective))},
                            {"ranks", c.ranks},
@@ -118,7 +140,32 @@ NativeChoice readNative(const JsonNode& n) {
   c.channels = n["channels"].intIn(0, kMaxInt);
   c.timeUs = n["time_us"].nonNegative();
   if (auto k = n.optional("chunk_bytes")) c.chunkBytes = k->unsignedIn(0, kMaxU64);
+  if (auto m = n.optional("measured")) c.measured = m->boolean();
+  if (auto m = n.optional("simulated_us")) c.simulatedUs = m->nonNegative();
   return c;
+}
+
+// "trials": {"calls": N, "candidates": [...]}; names are checked where the plan becomes a cache plan (cache_plan.cc).
+void readTrials(const JsonNode& e, PlanEntry& entry) {
+  auto t = e.optional("trials");
+  if (!t) return;
+  if (!t->raw().is_object()) t->fail(fmt::format("expected an object or null, {}", t->got()));
+  entry.trialCalls = (*t)["calls"].intIn(0, kMaxInt);
+  for (const JsonNode& c : (*t)["candidates"].items()) {
+    c.requireObject();
+    PlanTrial trial;
+    const std::optional<JsonNode> alg = c.optional("algorithm");  // absent or null: NCCL's own choice
+    if (!alg) {
+      entry.trials.push_back(trial);
+      continue;
+    }
+    trial.algorithm = alg->str();
+    if (trial.algorithm.empty()) alg->fail("expected an algorithm name or null, got \"\"");
+    if (auto p = c.optional("protocol")) trial.protocol = p->str();
+    if (auto ch = c.optional("channels")) trial.channels = ch->intIn(0, kMaxInt);
+    if (auto k = c.optional("chunk_bytes")) trial.chunkBytes = k->unsignedIn(0, kMaxU64);
+    entry.trials.push_back(std::move(trial));
+  }
 }
 
 std::optional<NativeChoice> optionalNativeAt(const JsonNode& entry, std::string_view key) {
@@ -176,6 +223,7 @@ PlanEntry readEntry(const JsonNode& e) {
   entry.nccl = optionalNativeAt(e, "nccl");
   entry.native = optionalNativeAt(e, "native");
   entry.best = readBest(e);
+  readTrials(e, entry);
   return entry;
 }
 

@@ -27,6 +27,7 @@
 #include "optiflow/synth/cache_plan.h"
 #include "optiflow/synth/gallery.h"
 #include "optiflow/synth/pipeline.h"
+#include "optiflow/synth/run_dir.h"
 
 namespace optiflow::synth {
 namespace {
@@ -333,6 +334,30 @@ TEST_F(CachePlan, AMalformedPlanIsAnErrorNamingTheFileAndTheField) {
       {[&](json& p) { entry(p, 1)["best"].erase("time_us"); }, "collectives[0].entries[1].best.time_us: missing"},
       // Overlapping ranges of one collective: the cache's own validation, still naming plan.json.
       {[&](json& p) { entry(p, 1)["min_bytes"] = 0; }, "cannot be cached: "},
+      {[&](json& p) { entry(p, 0)["trials"] = 3; }, "collectives[0].entries[0].trials: expected an object or null"},
+      {[&](json& p) {
+         entry(p, 0)["trials"] = {{"candidates", json::array()}};
+       },
+       "collectives[0].entries[0].trials.calls: missing"},
+      {[&](json& p) {
+         entry(p, 0)["trials"] = {{"calls", 5}, {"candidates", {{{"algorithm", "Warp"}}}}};
+       },
+       "collectives[0].entries[0].trials.candidates[0]: expected an NCCL algorithm name"},
+      {[&](json& p) {
+         entry(p, 0)["trials"] = {{"calls", 5}, {"candidates", {{{"algorithm", "Ring"}, {"protocol", "Fast"}}}}};
+       },
+       "collectives[0].entries[0].trials.candidates[0]: expected LL, LL128 or Simple"},
+      {[&](json& p) {
+         entry(p, 0)["trials"] = {{"calls", -1}, {"candidates", json::array()}};
+       },
+       "collectives[0].entries[0].trials.calls: expected an integer"},
+      // Trials without NCCL's own choice: the cache's own validation.
+      {[&](json& p) {
+         entry(p, 0)["trials"] = {{"calls", 5}, {"candidates", {{{"algorithm", "Ring"}, {"protocol", "LL"}}}}};
+       },
+       "cannot be cached: "},
+      {[&](json& p) { entry(p, 0)["native"]["measured"] = "yes"; },
+       "collectives[0].entries[0].native.measured: expected"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.says);
@@ -347,6 +372,51 @@ TEST_F(CachePlan, AMalformedPlanIsAnErrorNamingTheFileAndTheField) {
       EXPECT_TRUE(contains(loaded.error().str(), "plan.json")) << loaded.error().str();
     }
   }
+}
+
+TEST_F(CachePlan, TrialsAndMeasuredTimesReachTheCache) {
+  json plan = samplePlan();
+  json& e0 = plan["collectives"][0]["entries"][0];
+  e0["trials"] = {
+      {"calls", 12},
+      {"candidates", {{{"algorithm", nullptr}}, {{"algorithm", "Ring"}, {"protocol", "LL"}, {"channels", 2}}}}};
+  e0["native"]["measured"] = true;
+  e0["native"]["simulated_us"] = 9.5;
+  json& e1 = plan["collectives"][0]["entries"][1];
+  e1["native"] = nullptr;  // NCCL's own choice measured fastest: no decision, its measured time applies
+  e1["nccl"]["measured"] = true;
+  writePlan(plan);
+  auto loaded = loadPlanForCache(run_, false);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().str();
+  const sc::PlanItem& it0 = loaded->items[0];
+  ASSERT_EQ(it0.trials.size(), 2u);
+  EXPECT_FALSE(it0.trials[0].algorithm);
+  EXPECT_EQ(it0.trials[1].algorithm, core::Algorithm::Ring);
+  EXPECT_EQ(it0.trials[1].protocol, core::Protocol::LL);
+  EXPECT_EQ(it0.trials[1].nChannels, 2);
+  EXPECT_EQ(it0.trialCalls, 12u);
+  EXPECT_TRUE(it0.measured);
+  const sc::PlanItem& it1 = loaded->items[1];
+  EXPECT_FALSE(it1.algorithm);
+  EXPECT_TRUE(it1.measured);
+  EXPECT_FALSE(loaded->items[2].measured);
+  EXPECT_TRUE(loaded->items[2].trials.empty());
+
+  // The run directory's reader and writer keep both.
+  auto parsed = synth::readPlan(planFile());
+  ASSERT_TRUE(parsed.ok()) << parsed.error().str();
+  const std::string again = synth::formatPlan(*parsed);
+  auto reparsed = synth::parsePlan(again, "again");
+  ASSERT_TRUE(reparsed.ok()) << reparsed.error().str();
+  const synth::PlanEntry& r0 = reparsed->collectives[0].entries[0];
+  ASSERT_EQ(r0.trials.size(), 2u);
+  EXPECT_EQ(r0.trials[0], synth::PlanTrial{});
+  EXPECT_EQ(r0.trials[1].algorithm, "Ring");
+  EXPECT_EQ(r0.trialCalls, 12);
+  EXPECT_TRUE(r0.native->measured);
+  EXPECT_DOUBLE_EQ(r0.native->simulatedUs, 9.5);
+  EXPECT_TRUE(reparsed->collectives[0].entries[1].nccl->measured);
+  EXPECT_EQ(synth::formatPlan(*reparsed), again);
 }
 
 TEST_F(CachePlan, TextThatIsNotAPlanIsAnErrorWithItsPosition) {

@@ -62,7 +62,7 @@ struct PlanEntry {
   std::uint8_t coll;
   std::int8_t algorithm;   // -1: no decision (the tuner leaves NCCL's choice alone)
   std::int8_t protocol;    // -1: any
-  std::uint8_t flags;      // reserved, 0
+  std::uint8_t flags;      // kEntryMeasured; other bits 0
   std::int32_t nChannels;  // 0: NCCL decides
   // Rank-consistent trials (docs/consistency.md): trialCount candidates at PlanSlot::trials[trialFirst..], tried
   // trialCalls calls each on a communicator's first calls of this size range; 0: no trials.
@@ -71,6 +71,8 @@ struct PlanEntry {
   std::uint8_t trialReserved;  // 0
   std::uint16_t trialCalls;
 };
+// PlanEntry::flags: nativeUs (ncclUs where there is no decision) was measured in running jobs, not simulated.
+inline constexpr std::uint8_t kEntryMeasured = 1;
 static_assert(std::is_trivially_copyable_v<PlanEntry> && std::is_standard_layout_v<PlanEntry>);
 static_assert(sizeof(PlanEntry) == 80);
 static_assert(offsetof(PlanEntry, nRanks) == 32 && offsetof(PlanEntry, nativeUs) == 40);

@@ -38,6 +38,9 @@ struct PlanItem {
   float bestUs = 0;
   float boundUs = 0;
   float ncclUs = 0;
+  // nativeUs (ncclUs where there is no decision) was measured in running jobs by the profiler plugin, not simulated.
+  // Not part of the content hash: the same decisions are the same plan, measured or not.
+  bool measured = false;
   std::uint64_t scheduleId = 0;  // content hash of the synthesized schedule file; 0: none
   std::string jsonPath;          // absolute paths of the exported schedule; empty: none
   std::string xmlPath;

@@ -42,6 +42,10 @@ struct NativeChoice {
   int channels = 0;
   double timeUs = 0;             // simulated; 0 when the algorithm has no schedule here
   std::uint64_t chunkBytes = 0;  // NCCL 2.30's chunk size; 0: NCCL decides
+  // optiflowd measured timeUs in running jobs (the profiler plugin); simulatedUs is then the simulator's time. A
+  // measured time outranks a simulated one.
+  bool measured = false;
+  double simulatedUs = 0;
 };
 
 struct SizeBest {

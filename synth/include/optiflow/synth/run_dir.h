@@ -32,7 +32,11 @@
 //                 "schedule_json": "schedules/allgather-1KiB.json", "schedule_xml": "schedules/allgather-1KiB.xml"}
 //                 // + "measured": true, "simulated_us" where the hardware evaluator measured time_us
 //                 // null when no candidate worked at this size
+//        "trials": {"calls": 10, "candidates": [{"algorithm": null},     // optional: NCCL-native configurations the
+//                   {"algorithm": "Ring", "protocol": "LL", "channels": 2}]}  // tuner tries first (NCCL's own: null)
 //      }]}]}
+// nccl and native carry "measured": true and "simulated_us" where optiflowd measured time_us in running jobs (the
+// profiler plugin; docs/profiler.md); native is then null where NCCL's own choice measured fastest.
 // Times are microseconds; speedups and ratios are derived (nccl.time_us / best.time_us, best.time_us / bound_us).
 //
 // Required when read: format, version, topology, ranks, nodes, collectives; per collective: collective, ranks,
@@ -83,6 +87,15 @@ struct PlanBest {
   double simulatedUs = 0;
 };
 
+// A configuration the tuner tries on a communicator's first calls of the entry's range (docs/consistency.md).
+struct PlanTrial {
+  std::string algorithm;  // "": NCCL's own choice (null in plan.json)
+  std::string protocol;   // "": any
+  int channels = 0;       // 0: NCCL decides
+  std::uint64_t chunkBytes = 0;
+  bool operator==(const PlanTrial&) const = default;
+};
+
 struct PlanEntry {
   std::uint64_t sizeBytes = 0;
   std::uint64_t minBytes = 0;  // the range of call sizes this entry serves
@@ -92,6 +105,8 @@ struct PlanEntry {
   std::optional<NativeChoice> nccl;
   std::optional<NativeChoice> native;
   std::optional<PlanBest> best;
+  std::vector<PlanTrial> trials;  // empty: no trials
+  int trialCalls = 0;             // calls each candidate gets
 };
 
 struct PlanCollective {
