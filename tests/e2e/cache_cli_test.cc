@@ -539,4 +539,31 @@ TEST_F(CacheCli, AGarbageSegmentIsRefusedUntilRemoved) {
   EXPECT_EQ(cache(fmt::format("publish {}", run_.string())).rc, 0);
 }
 
+// A segment an older build made (layout version 1: no records of NCCL's choices) is refused by every command, with
+// the way out, until `clear --remove` deletes it; the next publish creates a version-2 segment.
+TEST_F(CacheCli, AnOlderLayoutVersionIsRefusedUntilRemoved) {
+  ASSERT_EQ(cache(fmt::format("publish {}", run_.string())).rc, 0);
+  {
+    const int fd = ::open(segmentFile(ns_).c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    const std::uint32_t version = 1;
+    ASSERT_EQ(::pwrite(fd, &version, sizeof(version), offsetof(sc::SegmentHeader, layoutVersion)),
+              static_cast<ssize_t>(sizeof(version)));
+    ::close(fd);
+  }
+  const std::string hint = fmt::format("optiflow cache clear --remove --namespace {}", ns_);
+  const CliResult measurements = cache("measurements");
+  EXPECT_EQ(measurements.rc, 1) << measurements.all();
+  EXPECT_TRUE(contains(measurements.err, "layout version 1, this build expects 2")) << measurements.err;
+  EXPECT_TRUE(contains(measurements.err, hint)) << measurements.err;
+  const CliResult publish = cache(fmt::format("publish {}", run_.string()));
+  EXPECT_EQ(publish.rc, 1) << publish.all();
+  EXPECT_TRUE(contains(publish.err, hint)) << publish.err;
+  ASSERT_EQ(cache("clear --remove").rc, 0);
+  EXPECT_FALSE(fs::exists(segmentFile(ns_)));
+  ASSERT_EQ(cache(fmt::format("publish {}", run_.string())).rc, 0);
+  EXPECT_EQ(fs::file_size(segmentFile(ns_)), sizeof(sc::Segment));
+  EXPECT_EQ(cache("measurements --json").rc, 0);
+}
+
 }  // namespace
