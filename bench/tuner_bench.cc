@@ -57,7 +57,11 @@ struct Fixture {
   bool published = false;
   std::vector<std::size_t> sizes;
 
-  explicit Fixture(bool publish) : ns("bench-" + std::to_string(getpid()) + (publish ? "-plan" : "-none")) {
+  // distinctSizes: the sizes the calls cycle through (with all five collectives). 4,096 random sizes make 20,480
+  // (collective, size) pairs, far more than the segment's 2,048 records of NCCL's choices: most calls then probe a
+  // full table (the worst case); a job's usual few dozen sizes find their record at once.
+  Fixture(bool publish, const char* name, std::size_t distinctSizes)
+      : ns("bench-" + std::to_string(getpid()) + "-" + name) {
     if (publish) {
       sc::Error e;
       sc::WriterOptions o;
@@ -83,7 +87,7 @@ struct Fixture {
     if (tuner->init(&ctx, 0x5eed, kRanks, 1, nullptr, &nvl, &constants) != ncclSuccess) std::exit(1);
     privateBytes = mallinfo2().uordblks - before;
     std::mt19937_64 rng(1);
-    for (int i = 0; i < 4096; ++i) sizes.push_back(rng() % (std::size_t{1} << 30));
+    for (std::size_t i = 0; i < distinctSizes; ++i) sizes.push_back(rng() % (std::size_t{1} << 30));
   }
   ~Fixture() {
     tuner->finalize(ctx);
@@ -114,14 +118,22 @@ void run(benchmark::State& state, Fixture& f) {
 }
 
 void BM_GetCollInfo_Plan10k(benchmark::State& state) {
-  static Fixture f(true);
+  static Fixture f(true, "plan", 4096);
   run(state, f);
 }
 BENCHMARK(BM_GetCollInfo_Plan10k);
 
+// The same plan, 64 sizes: every (collective, size) keeps its record of NCCL's choice, as in a job with a few dozen
+// sizes per communicator.
+void BM_GetCollInfo_Plan10k_64Sizes(benchmark::State& state) {
+  static Fixture f(true, "plan64", 64);
+  run(state, f);
+}
+BENCHMARK(BM_GetCollInfo_Plan10k_64Sizes);
+
 // The same call without a segment: what NCCL pays for loading the plugin when no plan exists.
 void BM_GetCollInfo_NoSegment(benchmark::State& state) {
-  static Fixture f(false);
+  static Fixture f(false, "none", 4096);
   run(state, f);
 }
 BENCHMARK(BM_GetCollInfo_NoSegment);

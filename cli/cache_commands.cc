@@ -21,6 +21,7 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -737,10 +738,12 @@ int runCacheRailsSet(const CacheArgs& args) {
 }
 
 // `measurements --json` prints one object:
-//   {namespace, segment, counters: {untimed, pool_full, table_full, foreign},
+//   {namespace, segment, counters: {untimed, pool_full, table_full, foreign, choice_full},
 //    rows: [{communicator (16 hex digits), collective, size_bytes, algorithm, protocol (NCCL's names; null when NCCL
 //            named one this build does not know), channels, calls, min_us, mean_us, median_us, p90_us,
-//            last_seen_ns (GPU globaltimer of the last call's stop)}]}
+//            last_seen_ns (GPU globaltimer of the last call's stop), nccl_choice (the row's configuration is NCCL's
+//            own choice for that communicator, collective and size, as the tuner last read it from NCCL's cost
+//            table; channels aside: the cost table does not choose them)}]}
 // Rows are sorted by communicator, collective, size, then configuration.
 int runCacheMeasurements(const CacheArgs& args) {
   const std::optional<std::string> ns = resolveNamespace(args);
@@ -754,6 +757,16 @@ int runCacheMeasurements(const CacheArgs& args) {
   if (!reader) return kExitFailed;
   std::vector<sc::Measurement> rows = reader->measurements();
   const sc::MeasureCounters counters = reader->measureCounters();
+  // NCCL's own (algorithm, protocol) per (communicator, collective, size): at most one record each.
+  std::map<std::tuple<std::uint64_t, int, std::uint64_t>, sc::NcclChoice> choices;
+  for (const sc::NcclChoice& c : reader->ncclChoices()) {
+    choices[std::make_tuple(c.commId, static_cast<int>(c.coll), c.sizeBytes)] = c;
+  }
+  auto isNcclChoice = [&](const sc::Measurement& m) {
+    const auto it = choices.find(std::make_tuple(m.commId, static_cast<int>(m.coll), m.sizeBytes));
+    return it != choices.end() && m.algorithm && m.protocol && it->second.algorithm == m.algorithm &&
+           it->second.protocol == m.protocol;
+  };
   auto order = [](const sc::Measurement& m) {
     return std::make_tuple(m.commId, static_cast<int>(m.coll), m.sizeBytes,
                            m.algorithm ? static_cast<int>(*m.algorithm) : -1,
@@ -775,7 +788,8 @@ int runCacheMeasurements(const CacheArgs& args) {
     j["counters"] = {{"untimed", counters.untimed},
                      {"pool_full", counters.poolFull},
                      {"table_full", counters.tableFull},
-                     {"foreign", counters.foreign}};
+                     {"foreign", counters.foreign},
+                     {"choice_full", counters.choiceFull}};
     j["rows"] = json::array();
     for (const sc::Measurement& m : rows) {
       j["rows"].push_back({{"communicator", sc::formatHash(m.commId)},
@@ -789,7 +803,8 @@ int runCacheMeasurements(const CacheArgs& args) {
                            {"mean_us", rounded(m.meanUs)},
                            {"median_us", rounded(m.medianUs)},
                            {"p90_us", rounded(m.p90Us)},
-                           {"last_seen_ns", m.lastNs}});
+                           {"last_seen_ns", m.lastNs},
+                           {"nccl_choice", isNcclChoice(m)}});
     }
     fmt::print("{}\n", j.dump(2));
     return kExitOk;
@@ -799,13 +814,18 @@ int runCacheMeasurements(const CacheArgs& args) {
   if (rows.empty()) {
     fmt::print("  none yet: run a job with NCCL_PROFILER_PLUGIN=optiflow (docs/profiler.md)\n");
   } else {
-    fmt::print("  {:<16}  {:<13}  {:>10}  {:<13}  {:<6}  {:>3}  {:>8}  {:>10}  {:>10}  {:>10}\n", "communicator",
-               "collective", "size", "algorithm", "proto", "ch", "calls", "min_us", "median_us", "p90_us");
+    fmt::print("  {:<16}  {:<13}  {:>10}  {:<13}  {:<6}  {:>3}  {:>8}  {:>10}  {:>10}  {:>10}  {}\n", "communicator",
+               "collective", "size", "algorithm", "proto", "ch", "calls", "min_us", "median_us", "p90_us", "nccl");
     for (const sc::Measurement& m : rows) {
-      fmt::print("  {:<16}  {:<13}  {:>10}  {:<13}  {:<6}  {:>3}  {:>8}  {:>10.2f}  {:>10.2f}  {:>10.2f}\n",
+      fmt::print("  {:<16}  {:<13}  {:>10}  {:<13}  {:<6}  {:>3}  {:>8}  {:>10.2f}  {:>10.2f}  {:>10.2f}{}\n",
                  sc::formatHash(m.commId), core::toString(m.coll), core::formatSize(m.sizeBytes), algoText(m),
-                 protoText(m), m.channels, m.calls, m.minUs, m.medianUs, m.p90Us);
+                 protoText(m), m.channels, m.calls, m.minUs, m.medianUs, m.p90Us, isNcclChoice(m) ? "  *" : "");
     }
+    fmt::print("  nccl *: NCCL's own choice of algorithm and protocol for that size, as the tuner plugin read it\n");
+  }
+  if (counters.choiceFull != 0) {
+    fmt::print("  NCCL's own choice not recorded for {} tuner calls: the table of choices was full\n",
+               counters.choiceFull);
   }
   if (counters.untimed + counters.poolFull + counters.tableFull + counters.foreign != 0) {
     fmt::print(

@@ -1,5 +1,5 @@
 // The MeasureRegion of the segment: the profiler's records (claimed by CAS, added to with relaxed atomics) and their
-// process-side form with quantiles read from the sketch.
+// process-side form with quantiles read from the sketch; the tuner's records of NCCL's own choices.
 #include "optiflow/schedcache/measure.h"
 
 #include <atomic>
@@ -61,31 +61,94 @@ std::optional<Measurement> toMeasurement(const MeasureRecord& copy) {
   return m;
 }
 
-MeasureRecord* Reader::measureRecord(std::uint64_t commId, std::uint8_t coll, std::uint64_t sizeBytes,
-                                     std::int8_t algorithm, std::int8_t protocol, std::uint32_t channels) noexcept {
-  const std::uint64_t key = measureKey(commId, coll, sizeBytes, algorithm, protocol, channels);
-  MeasureRecord* table = segment_->measure.records;
-  const std::size_t start = static_cast<std::size_t>(key % kMeasureRecords);
-  for (std::size_t probe = 0; probe < kMeasureRecords; ++probe) {
-    MeasureRecord& rec = table[(start + probe) % kMeasureRecords];
+namespace {
+
+// Open addressing with linear probing from key % capacity, over at most maxProbes slots: the record whose key is
+// `key`, claimed by CAS on a free one (then fill(record) writes its fields and sets ready); nullptr when none of
+// those slots is free or ours. Records are never freed, so a slot's key, once seen, stays.
+template <typename Record, typename Fill>
+Record* findOrClaim(Record* table, std::uint32_t capacity, std::uint32_t maxProbes, std::uint64_t key,
+                    Fill&& fill) noexcept {
+  const std::size_t start = static_cast<std::size_t>(key % capacity);
+  for (std::size_t probe = 0; probe < maxProbes; ++probe) {
+    Record& rec = table[(start + probe) % capacity];
     std::uint64_t found = ref(rec.key).load(std::memory_order_acquire);
     if (found == 0) {
       if (ref(rec.key).compare_exchange_strong(found, key, std::memory_order_acq_rel)) {
-        ref(rec.commId).store(commId, std::memory_order_relaxed);
-        ref(rec.sizeBytes).store(sizeBytes, std::memory_order_relaxed);
-        ref(rec.coll).store(coll, std::memory_order_relaxed);
-        ref(rec.algorithm).store(algorithm, std::memory_order_relaxed);
-        ref(rec.protocol).store(protocol, std::memory_order_relaxed);
-        ref(rec.channels).store(channels, std::memory_order_relaxed);
-        ref(rec.ready).store(1, std::memory_order_release);
+        fill(rec);
         return &rec;
       }
       // Lost the race: `found` is the winner's key, maybe ours.
     }
-    // A 64-bit hash of every field names the configuration; two configurations sharing one would pool their calls.
+    // A 64-bit hash of every field names the record; two keys sharing one would pool their calls.
     if (found == key) return &rec;
   }
   return nullptr;
+}
+
+}  // namespace
+
+MeasureRecord* Reader::measureRecord(std::uint64_t commId, std::uint8_t coll, std::uint64_t sizeBytes,
+                                     std::int8_t algorithm, std::int8_t protocol, std::uint32_t channels) noexcept {
+  const std::uint64_t key = measureKey(commId, coll, sizeBytes, algorithm, protocol, channels);
+  return findOrClaim(segment_->measure.records, kMeasureRecords, kMeasureRecords, key, [&](MeasureRecord& rec) {
+    ref(rec.commId).store(commId, std::memory_order_relaxed);
+    ref(rec.sizeBytes).store(sizeBytes, std::memory_order_relaxed);
+    ref(rec.coll).store(coll, std::memory_order_relaxed);
+    ref(rec.algorithm).store(algorithm, std::memory_order_relaxed);
+    ref(rec.protocol).store(protocol, std::memory_order_relaxed);
+    ref(rec.channels).store(channels, std::memory_order_relaxed);
+    ref(rec.ready).store(1, std::memory_order_release);
+  });
+}
+
+void Reader::recordChoice(std::uint64_t commId, std::uint8_t coll, std::uint64_t sizeBytes, std::int8_t algorithm,
+                          std::int8_t protocol) noexcept {
+  const std::uint64_t key = choiceKey(commId, coll, sizeBytes);
+  bool claimed = false;
+  ChoiceRecord* rec = findOrClaim(segment_->measure.choices, kChoiceRecords, kChoiceProbes, key, [&](ChoiceRecord& r) {
+    ref(r.commId).store(commId, std::memory_order_relaxed);
+    ref(r.sizeBytes).store(sizeBytes, std::memory_order_relaxed);
+    ref(r.coll).store(coll, std::memory_order_relaxed);
+    ref(r.algorithm).store(algorithm, std::memory_order_relaxed);
+    ref(r.protocol).store(protocol, std::memory_order_relaxed);
+    ref(r.ready).store(1, std::memory_order_release);
+    claimed = true;
+  });
+  if (rec == nullptr) {
+    choicesDropped_.store(choicesDropped_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    return;
+  }
+  if (!claimed) {
+    // NCCL's choice for one size rarely changes; a store only when it does keeps the line clean for the others.
+    if (ref(rec->algorithm).load(std::memory_order_relaxed) != algorithm) {
+      ref(rec->algorithm).store(algorithm, std::memory_order_relaxed);
+    }
+    if (ref(rec->protocol).load(std::memory_order_relaxed) != protocol) {
+      ref(rec->protocol).store(protocol, std::memory_order_relaxed);
+    }
+  }
+  ref(rec->calls).fetch_add(1, std::memory_order_relaxed);
+}
+
+std::vector<NcclChoice> Reader::ncclChoices() const {
+  std::vector<NcclChoice> out;
+  for (std::uint32_t r = 0; r < kChoiceRecords; ++r) {
+    ChoiceRecord& rec = segment_->measure.choices[r];
+    if (ref(rec.key).load(std::memory_order_acquire) == 0) continue;
+    if (ref(rec.ready).load(std::memory_order_acquire) == 0) continue;
+    const std::uint8_t coll = ref(rec.coll).load(std::memory_order_relaxed);
+    if (coll > static_cast<std::uint8_t>(core::Collective::AllToAll)) continue;
+    NcclChoice c;
+    c.commId = ref(rec.commId).load(std::memory_order_relaxed);
+    c.coll = static_cast<core::Collective>(coll);
+    c.sizeBytes = ref(rec.sizeBytes).load(std::memory_order_relaxed);
+    c.algorithm = core::algorithmFromNccl(ref(rec.algorithm).load(std::memory_order_relaxed));
+    c.protocol = core::protocolFromNccl(ref(rec.protocol).load(std::memory_order_relaxed));
+    c.calls = ref(rec.calls).load(std::memory_order_relaxed);
+    out.push_back(c);
+  }
+  return out;
 }
 
 void Reader::addMeasurement(MeasureRecord* record, std::uint64_t ns, std::int64_t stopNs) noexcept {
@@ -109,6 +172,7 @@ void Reader::addMeasureCounters(const MeasureCounters& delta) noexcept {
   if (delta.poolFull != 0) ref(c.poolFull).fetch_add(delta.poolFull, std::memory_order_relaxed);
   if (delta.tableFull != 0) ref(c.tableFull).fetch_add(delta.tableFull, std::memory_order_relaxed);
   if (delta.foreign != 0) ref(c.foreign).fetch_add(delta.foreign, std::memory_order_relaxed);
+  if (delta.choiceFull != 0) ref(c.choiceFull).fetch_add(delta.choiceFull, std::memory_order_relaxed);
 }
 
 MeasureCounters Reader::measureCounters() const noexcept {
@@ -118,6 +182,7 @@ MeasureCounters Reader::measureCounters() const noexcept {
   out.poolFull = ref(c.poolFull).load(std::memory_order_relaxed);
   out.tableFull = ref(c.tableFull).load(std::memory_order_relaxed);
   out.foreign = ref(c.foreign).load(std::memory_order_relaxed);
+  out.choiceFull = ref(c.choiceFull).load(std::memory_order_relaxed);
   return out;
 }
 

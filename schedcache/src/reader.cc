@@ -89,7 +89,12 @@ std::size_t CommPlan::memoryBytes() const noexcept {
 Reader::Reader(std::string ns, std::unique_ptr<Mapping> mapping)
     : ns_(std::move(ns)), mapping_(std::move(mapping)), segment_(mapping_->segment.segment()) {}
 
-Reader::~Reader() = default;
+Reader::~Reader() {
+  const std::uint64_t dropped = choicesDropped_.load(std::memory_order_relaxed);
+  if (dropped != 0 && segment_ != nullptr) {
+    std::atomic_ref<std::uint64_t>(segment_->measure.counters.choiceFull).fetch_add(dropped, std::memory_order_relaxed);
+  }
+}
 
 std::unique_ptr<Reader> Reader::attach(std::string_view ns, Error* error) noexcept {
   Error local;

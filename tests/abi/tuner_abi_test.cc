@@ -867,6 +867,61 @@ TEST_P(CostTableVersions, NonCollectiveTypesLeaveTableAndSegmentAlone) {
   EXPECT_EQ(reader->loadComm(h, 8, 1, &plan, &detail), schedcache::Status::kOk) << detail;
 }
 
+// NCCL's own choice (its pick from the table as handed over, before the plan's 0.0) lands in the segment keyed as
+// the profiler keys its measurements (core::Collective, whole-buffer size), with a plan and without; v3/v4 give no
+// communicator id to key it by, so they record nothing. The tables handed back are those of OneNodePublishedPlan.
+TEST_P(CostTableVersions, RecordsNcclsOwnChoiceBeforeApplyingThePlan) {
+  publish(standardPlan());
+  const CostTableTuner t = tuner(GetParam());
+  const std::uint64_t comm = nextCommId();
+  void* ctx = initOk(t, comm, 8, 1);
+  ASSERT_FALSE(HasFailure());
+  struct Case {
+    ncclFunc_t coll;
+    Collective recorded;
+    std::size_t nBytes;
+    int planAlgo, planProto;  // -1: the plan leaves the table alone
+  };
+  const Case cases[] = {
+      {ncclFuncAllReduce, Collective::AllReduce, 1u << 20, NCCL_ALGO_NVLS, NCCL_PROTO_SIMPLE},
+      {ncclFuncAllGather, Collective::AllGather, 4096, NCCL_ALGO_PAT, NCCL_PROTO_SIMPLE},
+      {ncclFuncReduce, Collective::Reduce, 4096, -1, -1},  // no decision
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE("v" + std::to_string(t.version()) + " coll " + std::to_string(c.coll));
+    CostTable<7> before = ncclLikeTable<7>();
+    before.v[NCCL_ALGO_TREE][NCCL_PROTO_LL] = std::numeric_limits<float>::quiet_NaN();
+    before.v[NCCL_ALGO_TREE][NCCL_PROTO_LL128] = 12.0f;  // NCCL's pick: the first of two equal costs
+    before.v[NCCL_ALGO_NVLS][NCCL_PROTO_LL] = 12.0f;
+    CostTable<7> after = before;
+    int nCh = 0;
+    ASSERT_EQ(t.getCollInfo(ctx, c.coll, c.nBytes, after.nccl(), 7, &nCh), ncclSuccess);
+    if (!t.hasCommId() || c.planAlgo < 0) {
+      expectUntouched(before, after);
+    } else {
+      expectApplied(before, after, c.planAlgo, c.planProto);
+    }
+  }
+  schedcache::Error e;
+  std::unique_ptr<schedcache::Reader> reader = schedcache::Reader::attach(ns_, &e);
+  ASSERT_NE(reader, nullptr) << e.message;
+  const std::vector<schedcache::NcclChoice> choices = reader->ncclChoices();
+  if (!t.hasCommId()) {
+    EXPECT_TRUE(choices.empty());
+    return;
+  }
+  ASSERT_EQ(choices.size(), std::size(cases));
+  for (const Case& c : cases) {
+    const auto it = std::find_if(choices.begin(), choices.end(), [&](const schedcache::NcclChoice& x) {
+      return x.commId == comm && x.coll == c.recorded && x.sizeBytes == c.nBytes;
+    });
+    ASSERT_NE(it, choices.end()) << "no choice recorded for coll " << c.coll;
+    EXPECT_EQ(it->algorithm, Algorithm::Tree);
+    EXPECT_EQ(it->protocol, Protocol::LL128);
+    EXPECT_EQ(it->calls, 1u);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(V3ToV6, CostTableVersions, ::testing::Values(3, 4, 5, 6),
                          [](const ::testing::TestParamInfo<int>& param) { return "v" + std::to_string(param.param); });
 

@@ -314,6 +314,11 @@ TEST_F(CacheCli, MeasurementsListsWhatTheProfilerRecorded) {
                                                     4096, 0, 0, 2);  // Tree, LL, 2 channels
     ASSERT_NE(tree, nullptr);
     sc::Reader::addMeasurement(tree, 7'000, 6'000'000'000LL);
+    // What the tuner read from NCCL's cost tables: Ring/Simple was NCCL's own choice for the allgather, Ring/LL
+    // (measured by nobody) for the allreduce; a third choice has no measured row.
+    reader->recordChoice(0xabcULL, static_cast<std::uint8_t>(core::Collective::AllGather), 1 << 20, 1, 2);
+    reader->recordChoice(0xabcULL, static_cast<std::uint8_t>(core::Collective::AllReduce), 4096, 1, 0);
+    reader->recordChoice(0xabcULL, static_cast<std::uint8_t>(core::Collective::AllReduce), 8192, 0, 0);
     sc::MeasureCounters counters{};
     counters.untimed = 3;
     reader->addMeasureCounters(counters);
@@ -331,6 +336,7 @@ TEST_F(CacheCli, MeasurementsListsWhatTheProfilerRecorded) {
   EXPECT_EQ(ag.at("protocol"), "Simple");
   EXPECT_EQ(ag.at("channels"), 8);
   EXPECT_EQ(ag.at("calls"), 10);
+  EXPECT_EQ(ag.at("nccl_choice"), true);
   EXPECT_DOUBLE_EQ(ag.at("min_us").get<double>(), 10.0);
   EXPECT_NEAR(ag.at("median_us").get<double>(), 50.0, 50.0 * 0.032);
   EXPECT_NEAR(ag.at("p90_us").get<double>(), 90.0, 90.0 * 0.032);
@@ -339,11 +345,27 @@ TEST_F(CacheCli, MeasurementsListsWhatTheProfilerRecorded) {
   EXPECT_EQ(ar.at("algorithm"), "Tree");
   EXPECT_EQ(ar.at("protocol"), "LL");
   EXPECT_DOUBLE_EQ(ar.at("min_us").get<double>(), 7.0);
+  EXPECT_EQ(ar.at("nccl_choice"), false);  // NCCL picked Ring/LL for that size, Tree/LL was measured
+  EXPECT_EQ(j.at("counters").at("choice_full"), 0);
   const CliResult text = cache("measurements");
   ASSERT_EQ(text.rc, 0) << text.all();
   for (const char* s : {"0000000000000abc", "allgather", "Ring", "Simple", "3 collectives without GPU stamps"}) {
     EXPECT_TRUE(contains(text.out, s)) << s << text.out;
   }
+  // The marker column: on the allgather's row, not on the allreduce's.
+  std::istringstream lines(text.out);
+  int marked = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (contains(line, "allgather")) {
+      EXPECT_EQ(line.back(), '*') << line;
+    }
+    if (contains(line, "allreduce")) {
+      EXPECT_NE(line.back(), '*') << line;
+    }
+    marked += !line.empty() && line.back() == '*' ? 1 : 0;
+  }
+  EXPECT_EQ(marked, 1) << text.out;
+  EXPECT_TRUE(contains(text.out, "NCCL's own choice")) << text.out;
 }
 
 TEST_F(CacheCli, VerifyNamesACorruptedSlot) {
@@ -515,6 +537,33 @@ TEST_F(CacheCli, AGarbageSegmentIsRefusedUntilRemoved) {
   ASSERT_EQ(cache("clear --remove").rc, 0);
   EXPECT_FALSE(fs::exists(segmentFile(ns_)));
   EXPECT_EQ(cache(fmt::format("publish {}", run_.string())).rc, 0);
+}
+
+// A segment an older build made (layout version 1: no records of NCCL's choices) is refused by every command, with
+// the way out, until `clear --remove` deletes it; the next publish creates a version-2 segment.
+TEST_F(CacheCli, AnOlderLayoutVersionIsRefusedUntilRemoved) {
+  ASSERT_EQ(cache(fmt::format("publish {}", run_.string())).rc, 0);
+  {
+    const int fd = ::open(segmentFile(ns_).c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    const std::uint32_t version = 1;
+    ASSERT_EQ(::pwrite(fd, &version, sizeof(version), offsetof(sc::SegmentHeader, layoutVersion)),
+              static_cast<ssize_t>(sizeof(version)));
+    ::close(fd);
+  }
+  const std::string hint = fmt::format("optiflow cache clear --remove --namespace {}", ns_);
+  const CliResult measurements = cache("measurements");
+  EXPECT_EQ(measurements.rc, 1) << measurements.all();
+  EXPECT_TRUE(contains(measurements.err, "layout version 1, this build expects 2")) << measurements.err;
+  EXPECT_TRUE(contains(measurements.err, hint)) << measurements.err;
+  const CliResult publish = cache(fmt::format("publish {}", run_.string()));
+  EXPECT_EQ(publish.rc, 1) << publish.all();
+  EXPECT_TRUE(contains(publish.err, hint)) << publish.err;
+  ASSERT_EQ(cache("clear --remove").rc, 0);
+  EXPECT_FALSE(fs::exists(segmentFile(ns_)));
+  ASSERT_EQ(cache(fmt::format("publish {}", run_.string())).rc, 0);
+  EXPECT_EQ(fs::file_size(segmentFile(ns_)), sizeof(sc::Segment));
+  EXPECT_EQ(cache("measurements --json").rc, 0);
 }
 
 }  // namespace

@@ -23,11 +23,12 @@ bool firstTime(Status s) {
 
 std::string planName(std::uint64_t hash) { return schedcache::formatHash(hash); }
 
+// Without a plan the reader still counts calls and, given the communicator id, records NCCL's own choices.
 InitResult noPlan(Log& log, LogLevel level, const std::string& message,
-                  std::unique_ptr<schedcache::Reader> reader = nullptr) {
+                  std::unique_ptr<schedcache::Reader> reader = nullptr, std::uint64_t commId = 0) {
   if (!message.empty()) log.write(level, message);
   InitResult r;
-  r.tuner = std::make_unique<CommTuner>(schedcache::CommPlan{}, std::move(reader));
+  r.tuner = std::make_unique<CommTuner>(schedcache::CommPlan{}, std::move(reader), commId);
   return r;
 }
 
@@ -111,7 +112,7 @@ InitResult initComm(const Settings& settings, const CommShape& shape, Log& log) 
     return noPlan(log, LogLevel::kInfo,
                   "communicator spans " + std::to_string(shape.nNodes) +
                       " nodes and no plan is pinned (OPTIFLOW_PLAN): NCCL decides (docs/consistency.md)",
-                  std::move(reader));
+                  std::move(reader), shape.commId.value_or(0));
   }
   if (!shape.commId) {
     return noPlan(log, LogLevel::kInfo,
@@ -148,7 +149,8 @@ InitResult initComm(const Settings& settings, const CommShape& shape, Log& log) 
                 settings.ns + " on node " + settings.host + ": " + std::string(schedcache::toString(pinStatus)));
   }
   if (adopted == schedcache::kPinNoPlan) {
-    return noPlan(log, LogLevel::kInfo, "no plan for " + shapeText(shape) + ": NCCL decides", std::move(reader));
+    return noPlan(log, LogLevel::kInfo, "no plan for " + shapeText(shape) + ": NCCL decides", std::move(reader),
+                  *shape.commId);
   }
   if (adopted == proposed) return loaded(log, current, std::move(reader), shape, "current plan, recorded");
   schedcache::CommPlan plan;
@@ -196,10 +198,40 @@ CommTuner::Applied CommTuner::applied(std::uint32_t coll, const schedcache::Deci
   return {t.algorithm, t.protocol, t.nChannels, t.chunkBytes};
 }
 
+int ncclArgmin(const float* table, int numAlgo, int numProto) noexcept {
+  int best = -1;
+  for (int i = 0; i < numAlgo * numProto; ++i) {
+    // `>= 0` is false for NaN as for -1: neither can run.
+    if (table[i] >= 0.0f && (best < 0 || table[i] < table[best])) best = i;
+  }
+  return best;
+}
+
+void CommTuner::recordNcclChoice(std::uint32_t coll, std::uint64_t nBytes, const float* table, int numAlgo,
+                                 int numProto) const noexcept {
+  // The profiler keys its records by core::Collective, NCCL's tuner speaks ncclFunc_t: one encoding in the segment.
+  static constexpr std::array<std::uint8_t, schedcache::kNumCollectives> kCollOf = [] {
+    std::array<std::uint8_t, schedcache::kNumCollectives> out{};
+    for (std::uint32_t f = 0; f < schedcache::kNumCollectives; ++f) {
+      out[f] = static_cast<std::uint8_t>(*core::collectiveFromNcclFunc(static_cast<int>(f)));
+    }
+    return out;
+  }();
+  // Only what a tuner decides, and indices that fit the record's int8 fields.
+  if (coll >= schedcache::kNumCollectives || numAlgo > 127 || numProto > 127) return;
+  const int best = ncclArgmin(table, numAlgo, numProto);
+  if (best < 0) return;
+  reader_->recordChoice(commId_, kCollOf[coll], nBytes, static_cast<std::int8_t>(best / numProto),
+                        static_cast<std::int8_t>(best % numProto));
+}
+
 bool CommTuner::applyCostTable(std::uint32_t coll, std::uint64_t nBytes, float* table, int numAlgo, int numProto,
                                int* nChannels) const noexcept {
   if (reader_) reader_->recordCall(coll, nBytes);
-  if (!hasPlan() || table == nullptr || numAlgo <= 0 || numProto <= 0) return false;
+  if (table == nullptr || numAlgo <= 0 || numProto <= 0) return false;
+  // Before anything below changes the table: its argmin is what NCCL would run without us.
+  if (reader_ && commId_ != 0) recordNcclChoice(coll, nBytes, table, numAlgo, numProto);
+  if (!hasPlan()) return false;
   const schedcache::Decision* decision = plan_.find(coll, nBytes);
   if (decision == nullptr) return false;
   // Every call of the decision counts, whatever the table says: the table is the same on every rank, and so is

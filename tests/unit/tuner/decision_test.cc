@@ -1,8 +1,10 @@
 // The tuner's decision layer without NCCL: applying a plan's decision to a cost table, the v2 direct choice, chunk
-// sizes, the plan-selection rules of initComm, and the OPTIFLOW_* registry.
+// sizes, the plan-selection rules of initComm, NCCL's own choice recorded in the segment, and the OPTIFLOW_*
+// registry.
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -15,6 +17,7 @@
 
 #include "optiflow/core/vocabulary.h"
 #include "optiflow/plugin/params.h"
+#include "optiflow/schedcache/reader.h"
 #include "optiflow/schedcache/writer.h"
 #include "optiflow/tuner/tuner.h"
 
@@ -264,6 +267,133 @@ TEST_F(InitComm, UserOverridesAndOffSwitchStepAside) {
   settings_.ncclOverride.clear();
   settings_.enabled = false;
   EXPECT_FALSE(optiflow::tuner::initComm(settings_, {0x42, 8, 1}, log_).tuner->hasPlan());
+}
+
+// ---- NCCL's own choice ------------------------------------------------------------------------------------------
+
+TEST(NcclArgmin, SmallestNonNegativeFirstOnTiesNeverNegativeOrNaN) {
+  using optiflow::tuner::ncclArgmin;
+  Table t;
+  EXPECT_EQ(ncclArgmin(t.data(), kAlgos, kProtos), 0);  // 5.0 at Tree/LL
+  t.t[0][0] = std::nanf("");
+  t.t[0][1] = -1.0f;
+  t.t[1][2] = 2.0f;  // Ring/Simple
+  t.t[4][0] = 2.0f;  // NVLS/LL: the same cost later in [algo][proto] order loses the tie
+  t.t[6][1] = -0.5f;
+  EXPECT_EQ(ncclArgmin(t.data(), kAlgos, kProtos), 1 * kProtos + 2);
+  t.t[3][1] = 0.0f;  // zero is a cost NCCL can pick
+  EXPECT_EQ(ncclArgmin(t.data(), kAlgos, kProtos), 3 * kProtos + 1);
+  for (int a = 0; a < kAlgos; ++a) {
+    for (int p = 0; p < kProtos; ++p) t.t[a][p] = a % 2 == 0 ? -1.0f : std::nanf("");
+  }
+  EXPECT_EQ(ncclArgmin(t.data(), kAlgos, kProtos), -1);
+  EXPECT_EQ(ncclArgmin(t.data(), 0, kProtos), -1);
+}
+
+class TunerNcclChoice : public InitComm {
+ protected:
+  std::vector<sc::NcclChoice> choices() {
+    sc::Error e;
+    auto r = sc::Reader::attach(ns_, &e);
+    EXPECT_NE(r, nullptr) << e.message;
+    return r ? r->ncclChoices() : std::vector<sc::NcclChoice>{};
+  }
+};
+
+// The argmin of the table as NCCL handed it over is recorded, in the profiler's collective encoding, and the table
+// the tuner hands back is exactly the one a tuner that records nothing hands back.
+TEST_F(TunerNcclChoice, RecordsTheUntouchedTablesArgminAndChangesNothingElse) {
+  publish(planFor(8, 1, core::Algorithm::Ring));  // Ring/Simple, 8 channels: not NCCL's choice below
+  auto r = optiflow::tuner::initComm(settings_, {0x42, 8, 1}, log_);
+  ASSERT_TRUE(r.ok && r.tuner->hasPlan()) << log_.all();
+  Table t;
+  t.t[0][0] = std::nanf("");
+  t.t[0][1] = 3.0f;   // Tree/LL128: NCCL's pick
+  t.t[2][0] = 3.0f;   // a tie later in order
+  t.t[1][0] = -1.0f;  // cannot run
+  t.t[5][2] = -2.0f;
+  Table plain = t;
+  int nChannels = 0;
+  ASSERT_TRUE(r.tuner->applyCostTable(kAllReduce, 1 << 20, t.data(), kAlgos, kProtos, &nChannels));
+  EXPECT_EQ(nChannels, 8);
+  EXPECT_EQ(t.t[1][2], 0.0f);  // the plan's Ring/Simple
+
+  // The same plan in a tuner without a segment: the same table back.
+  sc::CommPlan plan;
+  {
+    sc::Error e;
+    auto reader = sc::Reader::attach(ns_, &e);
+    ASSERT_NE(reader, nullptr) << e.message;
+    std::string detail;
+    ASSERT_EQ(reader->loadComm(r.tuner->planHash(), 8, 1, &plan, &detail), sc::Status::kOk) << detail;
+  }
+  CommTuner bare(plan, nullptr);
+  int bareChannels = 0;
+  ASSERT_TRUE(bare.applyCostTable(kAllReduce, 1 << 20, plain.data(), kAlgos, kProtos, &bareChannels));
+  EXPECT_EQ(bareChannels, nChannels);
+  EXPECT_EQ(std::memcmp(t.data(), plain.data(), sizeof(t.t)), 0) << "the recording changed the table handed back";
+
+  std::vector<sc::NcclChoice> c = choices();
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].commId, 0x42u);
+  EXPECT_EQ(c[0].coll, core::Collective::AllReduce);  // ncclFunc 4, stored as core::Collective like MeasureRecord
+  EXPECT_EQ(c[0].sizeBytes, 1u << 20);
+  EXPECT_EQ(c[0].algorithm, core::Algorithm::Tree);
+  EXPECT_EQ(c[0].protocol, core::Protocol::LL128);
+  EXPECT_EQ(c[0].calls, 1u);
+
+  // Later calls of that size count into the same record; NCCL's choice is read before the plan's 0.0 every time.
+  for (int i = 0; i < 3; ++i) {
+    Table fresh;
+    fresh.t[4][2] = 1.0f;  // NVLS/Simple
+    r.tuner->applyCostTable(kAllReduce, 1 << 20, fresh.data(), kAlgos, kProtos, &nChannels);
+  }
+  c = choices();
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].algorithm, core::Algorithm::Nvls);
+  EXPECT_EQ(c[0].protocol, core::Protocol::Simple);
+  EXPECT_EQ(c[0].calls, 4u);
+}
+
+TEST_F(TunerNcclChoice, RecordedWithoutAPlanButNotWithoutACommunicatorIdOrARunnableEntry) {
+  publish(planFor(8, 1, core::Algorithm::Ring));
+  // No decision for this shape (16 ranks): NCCL decides, and what it decides is still recorded.
+  auto r = optiflow::tuner::initComm(settings_, {0x42, 16, 1}, log_);
+  ASSERT_TRUE(r.ok);
+  Table t;
+  Table before = t;
+  int nChannels = 0;
+  EXPECT_FALSE(r.tuner->applyCostTable(kAllGather, 4096, t.data(), kAlgos, kProtos, &nChannels));
+  EXPECT_EQ(std::memcmp(t.data(), before.data(), sizeof(t.t)), 0);
+  std::vector<sc::NcclChoice> c = choices();
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].coll, core::Collective::AllGather);
+  EXPECT_EQ(c[0].algorithm, core::Algorithm::Tree);
+  EXPECT_EQ(c[0].protocol, core::Protocol::LL);
+
+  // Nothing NCCL can run: nothing to record.
+  for (auto& row : t.t) {
+    for (float& v : row) v = -1.0f;
+  }
+  r.tuner->applyCostTable(kAllReduce, 8192, t.data(), kAlgos, kProtos, &nChannels);
+  // Not a collective a tuner decides.
+  Table u;
+  r.tuner->applyCostTable(9, 8192, u.data(), kAlgos, kProtos, &nChannels);
+  // A multi-node communicator without a pinned plan records too; one without an id cannot be joined, so does not.
+  auto multi = optiflow::tuner::initComm(settings_, {0x43, 16, 2}, log_);
+  ASSERT_TRUE(multi.ok);
+  Table m;
+  multi.tuner->applyCostTable(kAllReduce, 8192, m.data(), kAlgos, kProtos, &nChannels);
+  auto anonymous = optiflow::tuner::initComm(settings_, {std::nullopt, 16, 1}, log_);
+  ASSERT_TRUE(anonymous.ok);
+  Table n;
+  anonymous.tuner->applyCostTable(kAllReduce, 16384, n.data(), kAlgos, kProtos, &nChannels);
+  c = choices();
+  ASSERT_EQ(c.size(), 2u);
+  for (const sc::NcclChoice& x : c) {
+    EXPECT_TRUE((x.commId == 0x42 && x.sizeBytes == 4096) || (x.commId == 0x43 && x.sizeBytes == 8192))
+        << x.commId << " " << x.sizeBytes;
+  }
 }
 
 // ---- the OPTIFLOW_* registry ------------------------------------------------------------------------------------

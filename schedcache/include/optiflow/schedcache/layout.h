@@ -14,7 +14,9 @@
 //                   becomes current only after its checksum is stored, so a reader never uses a torn plan and a
 //                   writer killed mid-write leaves the previous current plan untouched (docs/schedcache.md)
 //   MeasureRegion   GPU times of collectives, measured by the profiler plugin in every job on the node, per
-//                   communicator, collective, size, algorithm, protocol and channel count (docs/profiler.md)
+//                   communicator, collective, size, algorithm, protocol and channel count (docs/profiler.md), and
+//                   NCCL's own (algorithm, protocol) per communicator, collective and size, as the tuner read it
+//                   from NCCL's cost table
 #pragma once
 
 #include <atomic>
@@ -25,7 +27,10 @@
 namespace optiflow::schedcache {
 
 inline constexpr std::uint64_t kMagic = 0x31574c464954504fULL;  // "OPTIFLW1" read as little-endian bytes
-inline constexpr std::uint32_t kLayoutVersion = 1;              // still unreleased: changes before 0.2 keep 1
+// 2: the MeasureRegion (profiler measurements, NCCL's own choices) changed the segment's size and layout. A segment
+// of another version is refused with kBadVersion (readers and writers alike); `optiflow cache clear --remove`
+// deletes it, and optiflowd or the next `optiflow cache publish` creates the new one.
+inline constexpr std::uint32_t kLayoutVersion = 2;
 inline constexpr std::uint32_t kPlanSlots = 4;
 inline constexpr std::uint32_t kMaxEntries = 16384;      // per plan
 inline constexpr std::uint32_t kStringBytes = 1u << 20;  // per plan: schedule file paths, NUL-terminated
@@ -232,19 +237,49 @@ struct MeasureRecord {
 static_assert(std::is_trivially_copyable_v<MeasureRecord> && sizeof(MeasureRecord) == 64 + 4 * kSketchBuckets);
 static_assert(offsetof(MeasureRecord, calls) == 32 && offsetof(MeasureRecord, sketch) == 64);
 
-// Counters of what the profilers of the node could not record (each added at communicator finalize).
+// Counters of what the profilers (and, for choiceFull, the tuners) of the node could not record, each added at
+// communicator finalize.
 struct MeasureCounters {
-  std::uint64_t untimed;    // collectives without GPU stamps for every channel (not timed, as Inspector does)
-  std::uint64_t poolFull;   // events dropped because a profiler's fixed pool was full
-  std::uint64_t tableFull;  // timed collectives dropped because no MeasureRecord was free
-  std::uint64_t foreign;    // events naming a handle or parent the profiler never gave out
+  std::uint64_t untimed;     // collectives without GPU stamps for every channel (not timed, as Inspector does)
+  std::uint64_t poolFull;    // events dropped because a profiler's fixed pool was full
+  std::uint64_t tableFull;   // timed collectives dropped because no MeasureRecord was free
+  std::uint64_t foreign;     // events naming a handle or parent the profiler never gave out
+  std::uint64_t choiceFull;  // tuner calls whose NCCL choice was not recorded: no ChoiceRecord free
 };
+static_assert(std::is_trivially_copyable_v<MeasureCounters> && sizeof(MeasureCounters) == 40);
+
+inline constexpr std::uint32_t kChoiceRecords = 2048;  // distinct (communicator, collective, size) per node
+// A record is looked for at most this many slots from its hash: the tuner's hot path must stay short when the
+// table is (nearly) full, at the price of a few records dropped early (counted in MeasureCounters::choiceFull).
+inline constexpr std::uint32_t kChoiceProbes = 8;
+
+// NCCL's own choice for one (communicator, collective, size), as the tuner read it from NCCL's cost table before
+// changing it. key (atomic_ref) 0 while free; claimed by CAS to choiceKey(...), then fields written, ready set
+// (release). algorithm and protocol are stored one after the other: should NCCL's choice change between calls, a reader
+// may briefly pair one call's algorithm with another's protocol (the daemon reads them long after the calls).
+struct ChoiceRecord {
+  std::uint64_t key;
+  std::uint64_t commId;
+  std::uint64_t sizeBytes;  // the tuner's nBytes (the same whole-buffer size the profiler records)
+  std::uint8_t coll;        // core::Collective (same encoding as MeasureRecord::coll)
+  std::int8_t algorithm;    // atomic_ref: NCCL_ALGO_* index of the last call's argmin
+  std::int8_t protocol;     // atomic_ref
+  std::uint8_t ready;       // atomic_ref
+  std::uint32_t reserved;
+  std::uint64_t calls;  // atomic_ref: calls seen
+};
+static_assert(std::is_trivially_copyable_v<ChoiceRecord> && sizeof(ChoiceRecord) == 40);
+static_assert(offsetof(ChoiceRecord, sizeBytes) == 16 && offsetof(ChoiceRecord, coll) == 24);
+static_assert(offsetof(ChoiceRecord, algorithm) == 25 && offsetof(ChoiceRecord, protocol) == 26);
+static_assert(offsetof(ChoiceRecord, ready) == 27 && offsetof(ChoiceRecord, calls) == 32);
 
 struct MeasureRegion {
   MeasureCounters counters;  // atomic_ref on each field
   MeasureRecord records[kMeasureRecords];
+  ChoiceRecord choices[kChoiceRecords];
 };
 static_assert(std::is_trivially_copyable_v<MeasureRegion> && sizeof(MeasureRegion) % 8 == 0);
+static_assert(offsetof(MeasureRegion, choices) == 40 + sizeof(MeasureRecord) * kMeasureRecords);
 
 inline std::uint64_t measureKey(std::uint64_t commId, std::uint8_t coll, std::uint64_t sizeBytes, std::int8_t algorithm,
                                 std::int8_t protocol, std::uint32_t channels) {
@@ -257,6 +292,20 @@ inline std::uint64_t measureKey(std::uint64_t commId, std::uint8_t coll, std::ui
   mixIn((std::uint64_t{coll} << 24) | (std::uint64_t{static_cast<std::uint8_t>(algorithm)} << 16) |
         (std::uint64_t{static_cast<std::uint8_t>(protocol)} << 8));
   mixIn(channels);
+  return h == 0 ? 1 : h;
+}
+
+// Never 0 (0 marks a free record). A multiply-xorshift mix rather than measureKey's byte-wise FNV: this runs on every
+// tuner call.
+inline std::uint64_t choiceKey(std::uint64_t commId, std::uint8_t coll, std::uint64_t sizeBytes) {
+  auto mix = [](std::uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+  };
+  const std::uint64_t h = mix(commId ^ mix(sizeBytes ^ (std::uint64_t{coll} << 56) ^ 0x9e3779b97f4a7c15ULL));
   return h == 0 ? 1 : h;
 }
 

@@ -26,6 +26,17 @@ struct Measurement {
   std::int64_t lastNs = 0;  // GPU globaltimer of the last call's stop
 };
 
+// NCCL's own (algorithm, protocol) for calls of one communicator, collective and size: the argmin of NCCL's cost
+// table before the tuner changed it, as of the last call (ChoiceRecord).
+struct NcclChoice {
+  std::uint64_t commId = 0;
+  core::Collective coll = core::Collective::AllReduce;
+  std::uint64_t sizeBytes = 0;
+  std::optional<core::Algorithm> algorithm;  // nullopt: an index this build does not know
+  std::optional<core::Protocol> protocol;
+  std::uint64_t calls = 0;
+};
+
 // The midpoint, in ns, of the times bucket b of the sketch holds.
 double sketchMidpointNs(std::uint32_t bucket);
 // The q-quantile (0 < q <= 1) of the times counted in sketch[kSketchBuckets], in ns: the midpoint of the bucket that

@@ -1,9 +1,11 @@
 // Process-local view of a namespace's segment for the plugins (and `optiflow cache show|verify`). Attaching and
-// loading may make system calls and allocate; the tuner does both in init only. After init, CommPlan::find and
-// Reader::recordCall are the only calls on NCCL's per-collective path: no allocation, no locks, no system calls.
+// loading may make system calls and allocate; the tuner does both in init only. After init, CommPlan::find,
+// Reader::recordCall and Reader::recordChoice are the only calls on NCCL's per-collective path: no allocation, no
+// locks, no system calls.
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -124,12 +126,23 @@ class Reader {
   std::vector<Measurement> measurements() const;
   MeasureCounters measureCounters() const noexcept;
 
+  // Hot path of the tuner: NCCL's own choice for this call, claimed/updated with relaxed atomics; no allocation, lock
+  // or syscall. coll is core::Collective (MeasureRecord's encoding). The record is looked for within kChoiceProbes
+  // slots of its hash; a call that finds none is counted in this Reader and added to MeasureCounters::choiceFull when
+  // it is destroyed (communicator finalize), so a full table costs no shared write per call.
+  void recordChoice(std::uint64_t commId, std::uint8_t coll, std::uint64_t sizeBytes, std::int8_t algorithm,
+                    std::int8_t protocol) noexcept;
+  std::vector<NcclChoice> ncclChoices() const;  // every ready record, in table order
+
  private:
   struct Mapping;
   Reader(std::string ns, std::unique_ptr<Mapping> mapping);
   std::string ns_;
   std::unique_ptr<Mapping> mapping_;
   Segment* segment_ = nullptr;
+  // recordChoice calls that found no record. NCCL calls a communicator's tuner from one thread at a time; relaxed
+  // loads and stores keep a misbehaving caller from a data race without a locked instruction per call.
+  std::atomic<std::uint64_t> choicesDropped_{0};
 };
 
 }  // namespace optiflow::schedcache

@@ -73,6 +73,10 @@ std::optional<std::uint32_t> trialCandidate(std::uint64_t planHash, std::uint64_
                                             std::uint64_t minBytes, std::uint64_t call, std::uint32_t candidates,
                                             std::uint32_t callsEach) noexcept;
 
+// NCCL's own pick from a cost table of numAlgo x numProto entries ([algo][proto], contiguous): the index of the
+// smallest entry >= 0, the first on ties; -1 when none can run (every entry negative or NaN).
+int ncclArgmin(const float* table, int numAlgo, int numProto) noexcept;
+
 class CommTuner {
  public:
   CommTuner() = default;
@@ -86,7 +90,8 @@ class CommTuner {
   // *nChannels when the plan has a channel count. Leaves everything untouched (returns false) without a decision,
   // or when the decision's entry is -1 or outside numAlgo x numProto: an entry NCCL disabled is never enabled.
   // A decision with trials counts the call and, while its trials last, applies the candidate trialCandidate names
-  // instead (NCCL's own choice: the table is left alone).
+  // instead (NCCL's own choice: the table is left alone). With a segment and a communicator id, NCCL's own choice
+  // (ncclArgmin of the table as NCCL handed it over) is recorded first, plan or not (Reader::recordChoice).
   bool applyCostTable(std::uint32_t coll, std::uint64_t nBytes, float* table, int numAlgo, int numProto,
                       int* nChannels) const noexcept;
   // Hot path (v2, NCCL 2.21): no table; writes algorithm/protocol only when the algorithm is one NCCL 2.21 can run
@@ -109,9 +114,11 @@ class CommTuner {
     std::uint64_t chunkBytes = 0;
   };
   Applied applied(std::uint32_t coll, const schedcache::Decision& d, std::uint64_t call) const noexcept;
+  void recordNcclChoice(std::uint32_t coll, std::uint64_t nBytes, const float* table, int numAlgo,
+                        int numProto) const noexcept;
 
   schedcache::CommPlan plan_;
-  std::unique_ptr<schedcache::Reader> reader_;  // for the activity counters; null without a segment
+  std::unique_ptr<schedcache::Reader> reader_;  // activity counters, NCCL's choices; null without a segment
   std::uint64_t commId_ = 0;
   // Calls so far per decision with trials (Decision::trialIndex). NCCL calls a communicator's tuner from one thread
   // at a time; relaxed atomics keep a misbehaving caller from a data race.
