@@ -20,6 +20,7 @@
 #include "optiflow/core/env.h"
 #include "optiflow/core/units.h"
 #include "optiflow/schedcache/error.h"
+#include "optiflow/schedcache/layout.h"
 
 namespace optiflow::daemon {
 
@@ -323,7 +324,7 @@ void readTopology(Reader& r, const toml::table& root, Config& c) {
 void readSynthesis(Reader& r, const toml::table& root, Config& c) {
   Section s(r, subTable(r, root, "synthesis"), "synthesis",
             {"proposer", "evaluator", "collectives", "sizes", "rounds", "candidates_per_round", "interval_s",
-             "state_dir", "seed"});
+             "trial_calls", "state_dir", "seed"});
   constexpr std::string_view kProposers[] = {"builtin", "llm"};
   constexpr std::string_view kEvaluators[] = {"simulator"};
   s.choice("proposer", c.proposer, kProposers);
@@ -359,6 +360,7 @@ void readSynthesis(Reader& r, const toml::table& root, Config& c) {
   s.integer("rounds", c.rounds, 1, 1000, "a round count");
   s.integer("candidates_per_round", c.candidatesPerRound, 1, 1000, "a candidate count");
   s.number("interval_s", c.intervalS, 1, 7 * 86400, "seconds");
+  s.integer("trial_calls", c.trialCalls, 0, static_cast<int>(schedcache::kMaxTrialCalls), "calls per candidate");
   s.path("state_dir", c.stateDir);
   s.integer("seed", c.seed, 0, std::numeric_limits<std::int64_t>::max(), "a seed");
 }

@@ -171,6 +171,8 @@ WorkLoop::WorkLoop(Config config, core::Topology topology, schedcache::Writer* w
     metrics->describe("optiflowd_best_speedup", "gauge",
                       "NCCL's own choice's simulated time over the best synthesized schedule's, per size");
     metrics->describe("optiflowd_errors_total", "counter", "Errors by kind");
+    metrics->describe("optiflowd_plan_entries", "gauge",
+                      "Entries of the last merged plan by time_source: measured in running jobs or predicted");
     metrics->add("optiflowd_plans_published_total", 0);
     metrics->add("optiflowd_synthesis_rounds_total", 0);
     metrics->add("optiflowd_synthesis_candidates_total", 0);
@@ -222,9 +224,12 @@ core::Result<PassResult> WorkLoop::runOnce(const std::atomic<bool>& stop) {
   };
   // Merges the latest runs and publishes them. Called after each workload: the first plan appears after the first
   // workload, and a stop or a failure later in the pass loses nothing that finished.
-  auto mergeAndPublish = [&] {
-    auto dir = m.mergeRuns();
+  RankOptions rank;
+  rank.trialCalls = cfg.trialCalls;
+  auto mergeAndPublish = [&](bool onlyIfChanged) {
+    auto dir = m.mergeRuns(rank, onlyIfChanged);
     if (!dir) return fail("publish", dir.error());
+    if (dir->empty()) return;
     auto published = m.publish(*dir, out);
     if (!published) fail("publish", published.error());
   };
@@ -249,10 +254,15 @@ core::Result<PassResult> WorkLoop::runOnce(const std::atomic<bool>& stop) {
     }
     ++out.workloads;
     out.rounds += *rounds;
-    mergeAndPublish();
+    mergeAndPublish(false);
     pending = false;
   }
-  if (pending && !out.interrupted) mergeAndPublish();
+  if (pending && !out.interrupted) {
+    mergeAndPublish(false);
+  } else if (out.workloads == 0 && !out.interrupted && !m.colls.empty() && m.lastPublished != 0) {
+    // No synthesis this pass: the jobs' measurements may still change what the plan decides.
+    mergeAndPublish(true);
+  }
   if (cfg.role == Role::kLeader && !cfg.shareDir.empty() && m.lastPublished != 0 && m.lastPublished != m.lastShared) {
     const fs::path dir = m.plansDir() / schedcache::formatHash(m.lastPublished);
     auto shared = m.share(cfg.shareDir, dir, m.lastPublished);

@@ -17,6 +17,7 @@
 #include "optiflow/core/topology.h"
 #include "optiflow/core/vocabulary.h"
 #include "optiflow/daemon/activity.h"
+#include "optiflow/daemon/ranking.h"
 #include "optiflow/daemon/work.h"
 #include "optiflow/schedcache/reader.h"
 
@@ -84,6 +85,7 @@ struct WorkLoop::Impl {
   std::uint64_t lastShared = 0;
   std::uint64_t lastFollowed = 0;
   unsigned tmpCounter = 0;
+  std::string lastMergeSignature;  // the decisions of the last merged plan (work_store.cc)
   std::map<std::uint32_t, bool> exhaustedLogged;
 
   std::filesystem::path runsDir() const { return workDir / "runs"; }
@@ -111,7 +113,9 @@ struct WorkLoop::Impl {
   core::Result<bool> writeRunRecord(const std::string& name, const CollState& st, const std::string& stopReason);
   void gcRuns(std::uint32_t c);
   void gcPlans(std::uint64_t protect);
-  core::Result<std::filesystem::path> mergeRuns();
+  // Merges the latest runs into plans/<hash>, ranked by what the node's jobs measured (ranking.h). With
+  // onlyIfChanged, an empty path when the ranked decisions are the last merge's (nothing copied or verified).
+  core::Result<std::filesystem::path> mergeRuns(const RankOptions& rank, bool onlyIfChanged);
   core::Result<std::filesystem::path> finalizePlanDir(const std::filesystem::path& tmp, std::uint64_t expected = 0);
   core::Result<bool> share(const std::filesystem::path& shareDir, const std::filesystem::path& planDir,
                            std::uint64_t hash);

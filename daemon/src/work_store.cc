@@ -18,6 +18,8 @@
 #include <nlohmann/json.hpp>
 
 #include "fs_util.h"
+#include "optiflow/daemon/measured.h"
+#include "optiflow/daemon/ranking.h"
 #include "optiflow/synth/cache_plan.h"
 #include "optiflow/synth/run_dir.h"
 #include "work_impl.h"
@@ -174,56 +176,112 @@ void WorkLoop::Impl::gcPlans(std::uint64_t protect) { gcHashDirs(plansDir(), kKe
 
 // The latest run of every collective, merged into one plan directory named by its content hash:
 // plans/<hash>/plan.json with the runs' "collectives" concatenated, and their schedules and winning programs.
-core::Result<fs::path> WorkLoop::Impl::mergeRuns() {
+namespace {
+
+// What a ranked plan decides (the decisions, whether their times are measured, the trials) and which runs it comes
+// from: equal signatures publish the same plan.
+std::string decisionSignature(const synth::PlanFile& plan) {
+  std::string s;
+  for (const std::string& run : plan.runs) s += run + "\n";
+  for (const synth::PlanCollective& c : plan.collectives) {
+    for (const synth::PlanEntry& e : c.entries) {
+      s += fmt::format("{} {} {} {}:", core::toString(c.collective), c.ranks, c.nodes, e.minBytes);
+      if (e.native) {
+        s += fmt::format("{}/{}/{}/{}/{}", e.native->algorithm, e.native->protocol, e.native->channels,
+                         e.native->chunkBytes, e.native->measured);
+      }
+      s += fmt::format(" nccl {} trials {}:", e.nccl && e.nccl->measured, e.trialCalls);
+      for (const synth::PlanTrial& t : e.trials) s += fmt::format("{}/{}/{} ", t.algorithm, t.protocol, t.channels);
+      s += "\n";
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+core::Result<fs::path> WorkLoop::Impl::mergeRuns(const RankOptions& rank, bool onlyIfChanged) {
+  std::vector<synth::PlanFile> plans;
+  std::vector<std::string> runs;
+  std::vector<fs::path> collRunDir;  // the run directory of each collective of the merged plan, in order
+  for (const auto& [c, st] : colls) {
+    auto plan = synth::readPlan(st.runDir / "plan.json");
+    if (!plan) return plan.error();
+    collRunDir.insert(collRunDir.end(), plan->collectives.size(), st.runDir);
+    plans.push_back(std::move(plan).value());
+    runs.push_back(st.runDir.string());
+  }
+  synth::PlanFile merged = synth::mergePlans(plans, runs);
+
+  // What the node's jobs measured ranks the decisions (ranking.h); without a segment, the predictions stand.
+  schedcache::Error attachError;
+  if (std::unique_ptr<schedcache::Reader> reader = schedcache::Reader::attach(ns, &attachError)) {
+    const std::vector<RankedEntry> ranked =
+        rankByMeasurements(merged, joinMeasurements(*reader), reader->ncclChoices(), rank);
+    int measured = 0;
+    for (const RankedEntry& r : ranked) measured += r.afterUs ? 1 : 0;
+    if (metrics != nullptr) {
+      metrics->set("optiflowd_plan_entries", static_cast<double>(measured), promLabels({{"time_source", "measured"}}));
+      metrics->set("optiflowd_plan_entries", static_cast<double>(ranked.size() - measured),
+                   promLabels({{"time_source", "predicted"}}));
+    }
+    const std::string signature = decisionSignature(merged);
+    if (onlyIfChanged && signature == lastMergeSignature) return fs::path();
+    lastMergeSignature = signature;
+    if (const std::string table = formatRanking(ranked); !table.empty()) {
+      spdlog::info("work: plan ranked by measured times ({} of {} entries measured):\n{}", measured, ranked.size(),
+                   table);
+    }
+  } else {
+    const std::string signature = decisionSignature(merged);
+    if (onlyIfChanged && signature == lastMergeSignature) return fs::path();
+    lastMergeSignature = signature;
+  }
+
   const fs::path tmp = plansDir() / fmt::format(".tmp-{}-{}", getpid(), tmpCounter++);
   std::error_code ec;
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp / "schedules", ec);
   fs::create_directories(tmp / "programs", ec);
   if (ec) return diag(tmp, fmt::format("cannot create the plan directory: {}", ec.message()));
-
-  std::vector<synth::PlanFile> plans;
-  std::vector<std::string> runs;
-  for (const auto& [c, st] : colls) {
-    auto plan = synth::readPlan(st.runDir / "plan.json");
-    if (!plan) {
-      fs::remove_all(tmp, ec);
-      return plan.error();
-    }
-    // The files each best names move into the merged directory; candidate ids repeat across runs, so the
-    // collective's name keeps the programs apart.
-    for (synth::PlanCollective& coll : plan->collectives) {
-      for (synth::PlanEntry& entry : coll.entries) {
-        if (!entry.best) continue;
-        for (std::string* rel : {&entry.best->scheduleJson, &entry.best->scheduleXml}) {
-          const fs::path from = st.runDir / *rel;
-          const fs::path to = fs::path("schedules") / fs::path(*rel).filename();
-          fs::copy_file(from, tmp / to, fs::copy_options::overwrite_existing, ec);
-          if (ec) {
-            const std::string msg = ec.message();
-            fs::remove_all(tmp, ec);
-            return diag(from, fmt::format("cannot copy into the merged plan: {}", msg));
-          }
-          *rel = to.string();
+  // The files each best names move into the merged directory; candidate ids repeat across runs, so the collective's
+  // name keeps the programs apart.
+  for (std::size_t k = 0; k < merged.collectives.size(); ++k) {
+    synth::PlanCollective& coll = merged.collectives[k];
+    const fs::path& runDir = collRunDir[k];
+    for (synth::PlanEntry& entry : coll.entries) {
+      if (!entry.best) continue;
+      for (std::string* rel : {&entry.best->scheduleJson, &entry.best->scheduleXml}) {
+        const fs::path from = runDir / *rel;
+        const fs::path to = fs::path("schedules") / fs::path(*rel).filename();
+        fs::copy_file(from, tmp / to, fs::copy_options::overwrite_existing, ec);
+        if (ec) {
+          const std::string msg = ec.message();
+          fs::remove_all(tmp, ec);
+          lastMergeSignature.clear();
+          return diag(from, fmt::format("cannot copy into the merged plan: {}", msg));
         }
-        if (!entry.best->programFile.empty()) {
-          const fs::path rel = entry.best->programFile;
-          const fs::path renamed = fs::path("programs") / fmt::format("{}-{}", collName(c), rel.filename().string());
-          std::error_code pec;  // a program is shown, not served: a missing one does not stop the merge
-          fs::copy_file(st.runDir / rel, tmp / renamed, fs::copy_options::overwrite_existing, pec);
-          entry.best->programFile = renamed.string();
-        }
+        *rel = to.string();
+      }
+      if (!entry.best->programFile.empty()) {
+        const fs::path rel = entry.best->programFile;
+        const fs::path renamed =
+            fs::path("programs") / fmt::format("{}-{}", core::toString(coll.collective), rel.filename().string());
+        std::error_code pec;  // a program is shown, not served: a missing one does not stop the merge
+        fs::copy_file(runDir / rel, tmp / renamed, fs::copy_options::overwrite_existing, pec);
+        entry.best->programFile = renamed.string();
       }
     }
-    plans.push_back(std::move(plan).value());
-    runs.push_back(st.runDir.string());
   }
-  auto wrote = synth::writePlan(tmp / "plan.json", synth::mergePlans(plans, runs));
+  auto wrote = synth::writePlan(tmp / "plan.json", merged);
   if (!wrote) {
     fs::remove_all(tmp, ec);
+    lastMergeSignature.clear();
     return wrote.error();
   }
-  return finalizePlanDir(tmp);
+  auto dir = finalizePlanDir(tmp);
+  if (!dir) lastMergeSignature.clear();
+  return dir;
 }
 
 // Moves a complete plan directory to plans/<hash> (or drops it when that plan is already there).
@@ -242,6 +300,9 @@ core::Result<fs::path> WorkLoop::Impl::finalizePlanDir(const fs::path& tmp, std:
   }
   const fs::path dest = plansDir() / schedcache::formatHash(hash);
   if (fs::exists(dest / "plan.json", ec)) {
+    // The same decisions: the new plan.json only says more (which times are measured now), and replaces the old one
+    // in one rename.
+    fs::rename(tmp / "plan.json", dest / "plan.json", ec);
     fs::remove_all(tmp, ec);
     return dest;
   }

@@ -73,6 +73,7 @@ struct ConfigOptions {
   double idleWindowS = 2;
   std::string llmEndpoint;  // with proposer = "llm"
   std::string llmKeyEnv;
+  int trialCalls = 10;  // [synthesis] trial_calls
 };
 
 std::string tomlList(const std::vector<std::string>& v) {
@@ -130,6 +131,7 @@ class Optiflowd : public ::testing::Test {
         "rounds = {}\n"
         "candidates_per_round = {}\n"
         "interval_s = 3600\n"
+        "trial_calls = {}\n"
         "state_dir = \"{}\"\n"
         "seed = 1\n"
         "\n"
@@ -149,9 +151,9 @@ class Optiflowd : public ::testing::Test {
         "[log]\n"
         "level = \"{}\"\n"
         "json = {}\n",
-        ns_, o.proposer, tomlList(o.collectives), tomlList(o.sizes), o.rounds, o.candidates, (dir_ / "state").string(),
-        fmt::format("{:.2f}", o.cpuCores), fmt::format("{:.1f}", o.busyCallsPerS), fmt::format("{:.1f}", o.idleWindowS),
-        o.logLevel, o.logJson);
+        ns_, o.proposer, tomlList(o.collectives), tomlList(o.sizes), o.rounds, o.candidates, o.trialCalls,
+        (dir_ / "state").string(), fmt::format("{:.2f}", o.cpuCores), fmt::format("{:.1f}", o.busyCallsPerS),
+        fmt::format("{:.1f}", o.idleWindowS), o.logLevel, o.logJson);
     if (!o.llmEndpoint.empty()) {
       t += fmt::format("\n[llm]\nendpoint = \"{}\"\nmodel = \"test-model\"\napi_key_env = \"{}\"\ntimeout_s = 10\n",
                        o.llmEndpoint, o.llmKeyEnv);
@@ -343,6 +345,12 @@ std::string notApplied(const Tuner::Call& call, const sc::PlanItem& item) {
   return why.empty() ? why : why + "log:\n" + abitest::logDump();
 }
 
+// A new communicator's first calls of an entry with trials try its candidates (docs/consistency.md); the decision
+// applies after them.
+void callThroughTrials(const Tuner& tuner, void* ctx, const sc::PlanItem& item) {
+  for (std::size_t i = 0; i < item.trials.size() * item.trialCalls; ++i) tuner.call(ctx, item.coll, item.minBytes);
+}
+
 std::optional<sc::Plan> loadPlan(const std::string& ns, std::uint64_t hash) {
   sc::Error e;
   std::unique_ptr<sc::Reader> reader = sc::Reader::attach(ns, &e);
@@ -364,6 +372,7 @@ void expectTunerApplies(const std::string& ns, const sc::Plan& plan, std::uint64
   if (pick->nNodes > 1) ::setenv("OPTIFLOW_PLAN", sc::formatHash(hash).c_str(), 1);
   void* ctx = tuner.init(0x0e2ed0000001ull, pick->nRanks, pick->nNodes);
   ASSERT_NE(ctx, nullptr) << abitest::logDump();
+  callThroughTrials(tuner, ctx, *pick);
   EXPECT_EQ(notApplied(tuner.call(ctx, pick->coll, pick->minBytes), *pick), "")
       << core::toString(pick->coll) << " " << pick->minBytes << " B on " << pick->nRanks << " ranks";
   const std::vector<std::string> info = abitest::tunerLines(NCCL_LOG_INFO);
@@ -753,6 +762,7 @@ TEST_F(Optiflowd, JobActivityDrivesTheWorkBusyPeriodsPauseItAndOnlyNewCommunicat
       allreduce->algorithm != core::Algorithm::CollNetChain && allreduce->protocol) {
     void* newComm = tuner.init(0x0e2ed0000011ull, 8, 1);
     ASSERT_NE(newComm, nullptr) << abitest::logDump();
+    callThroughTrials(tuner, newComm, *allreduce);
     EXPECT_EQ(notApplied(tuner.call(newComm, core::Collective::AllReduce, kSize), *allreduce), "");
   }
 }
@@ -846,6 +856,158 @@ TEST_F(Optiflowd, IdleResidentMemoryIsUnder100MiB) {
   RecordProperty("peak_rss_kib", static_cast<int>(hwmKiB));
   ASSERT_GT(rssKiB, 0);
   EXPECT_LT(rssKiB, 100 * 1024);
+}
+
+// 9. The loop from the jobs back into the plan (docs/profiler.md). The first plan's entries carry trials and predicted
+// times. A communicator runs them through the tuner plugin, which records NCCL's own choice from its cost table
+// (Ring/Simple in the test's table); what the profiler plugin would measure goes into the segment; a SIGHUP makes the
+// daemon look. The next plan: the entry whose decision measured faster than NCCL's own keeps it, marked measured and
+// without trials; the entry whose decision measured slower has no decision (NCCL decides), so the loser is never
+// published; the unmeasured entries stay predicted, with their trials.
+TEST_F(Optiflowd, MeasuredEntriesOutrankPredictedOnesAndAMeasuredLoserIsNeverPublished) {
+  ConfigOptions o;
+  o.sizes = {"16KiB", "128KiB", "1MiB", "8MiB"};
+  o.trialCalls = 3;
+  Child& d = startDaemon(writeConfig(o));
+  ASSERT_GT(waitHealthy(d), 0);
+  const std::optional<sc::PlanInfo> first = waitForPlan(d);
+  ASSERT_TRUE(first);
+  const std::optional<sc::Plan> plan = loadPlan(ns_, first->contentHash);
+  ASSERT_TRUE(plan);
+  using core::Algorithm;
+  std::vector<sc::PlanItem> decided;  // decisions the tuner can apply that are not NCCL's own in the test's table
+  for (const sc::PlanItem& it : plan->items) {
+    EXPECT_FALSE(it.measured) << "nothing was measured yet";
+    if (!it.algorithm || !it.protocol) continue;
+    EXPECT_EQ(it.trials.size(), 2u) << "NCCL's own choice and the decision, until both are measured";
+    EXPECT_EQ(it.trialCalls, 3u);
+    if (it.coll != core::Collective::AllGather || it.nRanks != 8 || it.nNodes != 1 ||
+        it.algorithm == Algorithm::CollNetDirect || it.algorithm == Algorithm::CollNetChain ||
+        (it.algorithm == Algorithm::Ring && it.protocol == core::Protocol::Simple)) {
+      continue;
+    }
+    decided.push_back(it);
+  }
+  ASSERT_GE(decided.size(), 2u) << "the first plan has fewer than two decisions other than Ring/Simple";
+  const sc::PlanItem winner = decided[0];
+  const sc::PlanItem loser = decided[1];
+  // The configured size each entry serves (its range may start at 0).
+  const std::vector<std::uint64_t> sizes = {16ull << 10, 128ull << 10, 1ull << 20, 8ull << 20};  // o.sizes
+  auto sizeOf = [&](const sc::PlanItem& it) {
+    for (std::uint64_t b : sizes) {
+      if (it.minBytes <= b && b <= it.maxBytes) return b;
+    }
+    return std::uint64_t{0};
+  };
+  const std::uint64_t winnerBytes = sizeOf(winner);
+  const std::uint64_t loserBytes = sizeOf(loser);
+  ASSERT_NE(winnerBytes, 0u);
+  ASSERT_NE(loserBytes, 0u);
+
+  // The job: one communicator, every configured size called through its trials and beyond (the activity then names
+  // the configured sizes, so nothing is synthesized again).
+  constexpr std::uint64_t kComm = 0x0e2ed0000020ull;
+  {
+    Tuner tuner(ns_);
+    ASSERT_TRUE(tuner.ok()) << abitest::dlerrorText();
+    void* ctx = tuner.init(kComm, 8, 1);
+    ASSERT_NE(ctx, nullptr) << abitest::logDump();
+    for (const std::uint64_t bytes : sizes) {
+      for (int i = 0; i < 10; ++i) tuner.call(ctx, core::Collective::AllGather, bytes);
+    }
+  }
+  sc::Error e;
+  std::unique_ptr<sc::Reader> reader = sc::Reader::attach(ns_, &e);
+  ASSERT_TRUE(reader) << e.message;
+  for (const std::uint64_t bytes : {winnerBytes, loserBytes}) {
+    const std::vector<sc::NcclChoice> choices = reader->ncclChoices();
+    EXPECT_TRUE(std::any_of(choices.begin(), choices.end(),
+                            [&](const sc::NcclChoice& c) {
+                              return c.commId == kComm && c.coll == core::Collective::AllGather &&
+                                     c.sizeBytes == bytes && c.algorithm == Algorithm::Ring &&
+                                     c.protocol == core::Protocol::Simple;
+                            }))
+        << "the tuner recorded no NCCL's own choice for " << bytes << " B";
+  }
+
+  // What the profiler plugin records (docs/profiler.md), 8 timed calls per configuration: NCCL's own choice on 16
+  // channels, the decisions on their channels (or 8 where the plan leaves the count to NCCL).
+  auto measure = [&](std::uint64_t size, Algorithm a, core::Protocol p, std::uint32_t channels, double us) {
+    sc::MeasureRecord* r = reader->measureRecord(kComm, static_cast<std::uint8_t>(core::Collective::AllGather), size,
+                                                 static_cast<std::int8_t>(core::ncclIndex(a)),
+                                                 static_cast<std::int8_t>(core::ncclIndex(p)), channels);
+    ASSERT_NE(r, nullptr);
+    for (int i = 0; i < 8; ++i) sc::Reader::addMeasurement(r, static_cast<std::uint64_t>(us * 1000), sc::realtimeNs());
+  };
+  const double ownUs = 40;
+  auto channelsOf = [](const sc::PlanItem& it) {
+    return it.nChannels > 0 ? static_cast<std::uint32_t>(it.nChannels) : 8u;
+  };
+  for (const std::uint64_t bytes : {winnerBytes, loserBytes}) {
+    measure(bytes, Algorithm::Ring, core::Protocol::Simple, 16, ownUs);
+  }
+  measure(winnerBytes, *winner.algorithm, *winner.protocol, channelsOf(winner), 0.7 * ownUs);
+  measure(loserBytes, *loser.algorithm, *loser.protocol, channelsOf(loser), 1.5 * ownUs);
+
+  d.signal(SIGHUP);  // the daemon looks now instead of at its next poll (30 s)
+  const std::optional<sc::PlanInfo> next = waitForPlan(d, first->contentHash, kReactS * 2);
+  ASSERT_TRUE(next);
+  const std::optional<sc::Plan> ranked = loadPlan(ns_, next->contentHash);
+  ASSERT_TRUE(ranked);
+  auto itemAt = [&](std::uint64_t bytes) -> const sc::PlanItem* {
+    for (const sc::PlanItem& it : ranked->items) {
+      if (it.coll == core::Collective::AllGather && it.nRanks == 8 && it.nNodes == 1 && it.minBytes <= bytes &&
+          bytes <= it.maxBytes) {
+        return &it;
+      }
+    }
+    return nullptr;
+  };
+  const sc::PlanItem* w = itemAt(winnerBytes);
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->algorithm, winner.algorithm);
+  EXPECT_EQ(w->protocol, winner.protocol);
+  EXPECT_EQ(w->nChannels, winner.nChannels);
+  EXPECT_TRUE(w->measured);
+  EXPECT_TRUE(w->trials.empty());
+  EXPECT_NEAR(w->nativeUs, 0.7 * ownUs, 0.7 * ownUs * 0.04) << "the sketch's median is within 3.1%";
+  EXPECT_NEAR(w->ncclUs, ownUs, ownUs * 0.04);
+
+  const sc::PlanItem* l = itemAt(loserBytes);
+  ASSERT_NE(l, nullptr);
+  EXPECT_FALSE(l->algorithm) << "a configuration measured slower than NCCL's own choice was published";
+  EXPECT_TRUE(l->measured);
+  EXPECT_TRUE(l->trials.empty());
+  EXPECT_NEAR(l->ncclUs, ownUs, ownUs * 0.04);
+  for (const sc::PlanItem& it : ranked->items) {
+    if (it.minBytes == w->minBytes || it.minBytes == l->minBytes) continue;
+    EXPECT_FALSE(it.measured) << it.minBytes;
+    if (it.algorithm) {
+      EXPECT_EQ(it.trials.size(), 2u) << it.minBytes;
+    }
+  }
+
+  // A new communicator gets the measured winner from its first call: its trials are over.
+  {
+    Tuner tuner(ns_);
+    void* ctx = tuner.init(0x0e2ed0000021ull, 8, 1);
+    ASSERT_NE(ctx, nullptr) << abitest::logDump();
+    EXPECT_EQ(notApplied(tuner.call(ctx, core::Collective::AllGather, winnerBytes), *w), "");
+    EXPECT_TRUE(tuner.call(ctx, core::Collective::AllGather, loserBytes).table == abitest::ncclLikeTable<7>());
+  }
+
+  // The operator's view: `optiflow cache show --json` says which times are measured, and the daemon's log has the
+  // measured-vs-predicted table.
+  const RunResult show = cli(fmt::format("cache show --namespace {} --json", ns_));
+  EXPECT_EQ(show.rc, 0) << show.output;
+  EXPECT_TRUE(contains(show.output, "\"time_source\":\"measured\"") ||
+              contains(show.output, "\"time_source\": \"measured\""))
+      << show.output;
+  const std::string log = d.log();
+  const std::size_t table = log.find("plan ranked by measured times");
+  ASSERT_NE(table, std::string::npos) << log;
+  const std::size_t end = log.find("work pass", table);
+  std::cout << "[ info ] " << log.substr(table, end == std::string::npos ? std::string::npos : end - table) << "\n";
 }
 
 }  // namespace

@@ -58,7 +58,10 @@ struct Config {
   std::vector<std::uint64_t> sizes;  // bytes; empty: 1 KiB .. 1 GiB, x4 steps
   int rounds = 4;
   int candidatesPerRound = 8;
-  double intervalS = 600;          // re-synthesize a workload at most this often
+  double intervalS = 600;  // re-synthesize a workload at most this often
+  // Calls each NCCL-native candidate of a plan entry gets on a communicator's first calls (NCCL's own choice and the
+  // decision, until both are measured; docs/profiler.md); 0: no trials.
+  int trialCalls = 10;
   std::filesystem::path stateDir;  // run directories; "" -> $STATE_DIRECTORY, /var/lib/optiflow, or a temp dir
   std::uint64_t seed = 1;
 
