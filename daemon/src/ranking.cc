@@ -74,8 +74,7 @@ class EntryRanker {
  public:
   EntryRanker(const synth::PlanCollective& c, synth::PlanEntry& e, const RankOptions& o) : coll_(c), e_(e), opt_(o) {}
 
-  RankedEntry rank(const std::vector<const MeasuredRow*>& inRange,
-                   const std::vector<schedcache::NcclChoice>& choices) {
+  RankedEntry rank(const std::vector<const MeasuredRow*>& inRange, const std::vector<schedcache::NcclChoice>& choices) {
     RankedEntry r;
     r.coll = coll_.collective;
     r.ranks = coll_.ranks;
@@ -223,9 +222,9 @@ class EntryRanker {
       votes[{*c.algorithm, *c.protocol}] += std::max<std::uint64_t>(c.calls, 1);
     }
     if (votes.empty()) return std::nullopt;
-    return std::max_element(votes.begin(), votes.end(), [](const auto& a, const auto& b) {
-             return a.second < b.second;
-           })->first;
+    return std::max_element(votes.begin(), votes.end(),
+                            [](const auto& a, const auto& b) { return a.second < b.second; })
+        ->first;
   }
 
   // NCCL's own choice and the decision take turns until both are measured.
@@ -280,12 +279,12 @@ std::string formatRanking(const std::vector<RankedEntry>& entries) {
     }
     std::string refused;
     for (const std::string& s : r.refused) refused += (refused.empty() ? "" : ", ") + s;
-    out += fmt::format("{:<14} {:>5} {:>6} {:>9}  {:<16} {:>9.1f} {:>9}  {:<18} {:>9}  {:<16} {:>9.1f} {:<9}  {}\n",
-                       core::toString(r.coll), r.ranks, core::formatSize(r.sizeBytes),
-                       core::formatSize(r.measuredBytes), r.before, r.predictedUs, usText(r.beforeUs),
-                       r.ncclConfig.empty() ? std::string("-") : r.ncclConfig, usText(r.ncclUs), r.after,
-                       r.afterUs.value_or(r.predictedUs), r.afterUs ? "measured" : "predicted",
-                       refused.empty() ? std::string("-") : refused);
+    out +=
+        fmt::format("{:<14} {:>5} {:>6} {:>9}  {:<16} {:>9.1f} {:>9}  {:<18} {:>9}  {:<16} {:>9.1f} {:<9}  {}\n",
+                    core::toString(r.coll), r.ranks, core::formatSize(r.sizeBytes), core::formatSize(r.measuredBytes),
+                    r.before, r.predictedUs, usText(r.beforeUs), r.ncclConfig.empty() ? std::string("-") : r.ncclConfig,
+                    usText(r.ncclUs), r.after, r.afterUs.value_or(r.predictedUs), r.afterUs ? "measured" : "predicted",
+                    refused.empty() ? std::string("-") : refused);
   }
   return out;
 }

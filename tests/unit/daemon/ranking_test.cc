@@ -103,8 +103,7 @@ TEST(Ranking, MeasuredFasterThanNcclsOwnIsPublishedAsMeasured) {
   synth::PlanFile plan = onePlan();
   const std::vector<MeasuredRow> rows = {row(Algorithm::Ring, Protocol::LL128, 4, 28),
                                          row(Algorithm::Ring, Protocol::Simple, 16, 40)};
-  const auto ranked =
-      rankByMeasurements(plan, rows, {ownChoice(Algorithm::Ring, Protocol::Simple)}, RankOptions{});
+  const auto ranked = rankByMeasurements(plan, rows, {ownChoice(Algorithm::Ring, Protocol::Simple)}, RankOptions{});
   const synth::PlanEntry& e = plan.collectives[0].entries[0];
   ASSERT_TRUE(e.native);
   EXPECT_TRUE(e.native->measured);
@@ -114,7 +113,7 @@ TEST(Ranking, MeasuredFasterThanNcclsOwnIsPublishedAsMeasured) {
   ASSERT_TRUE(e.nccl);
   EXPECT_TRUE(e.nccl->measured);
   EXPECT_DOUBLE_EQ(e.nccl->timeUs, 40);
-  EXPECT_EQ(e.nccl->channels, 16);       // what NCCL ran, not the simulator's guess
+  EXPECT_EQ(e.nccl->channels, 16);  // what NCCL ran, not the simulator's guess
   EXPECT_DOUBLE_EQ(e.nccl->simulatedUs, 45);
   EXPECT_TRUE(e.trials.empty());  // both measured: the trials are over
   ASSERT_EQ(ranked.size(), 1u);
@@ -127,8 +126,7 @@ TEST(Ranking, MeasuredLoserIsNeverPublished) {
   synth::PlanFile plan = onePlan();
   const std::vector<MeasuredRow> rows = {row(Algorithm::Ring, Protocol::LL128, 4, 55),
                                          row(Algorithm::Ring, Protocol::Simple, 16, 40)};
-  const auto ranked =
-      rankByMeasurements(plan, rows, {ownChoice(Algorithm::Ring, Protocol::Simple)}, RankOptions{});
+  const auto ranked = rankByMeasurements(plan, rows, {ownChoice(Algorithm::Ring, Protocol::Simple)}, RankOptions{});
   const synth::PlanEntry& e = plan.collectives[0].entries[0];
   EXPECT_FALSE(e.native);  // NCCL decides
   ASSERT_TRUE(e.nccl);
@@ -157,8 +155,7 @@ TEST(Ranking, AnotherMeasuredConfigurationOutranksAnUnmeasuredPrediction) {
 TEST(Ranking, UnmeasuredDecisionKeepsItsTrialsWhileNothingBeatsNcclsOwn) {
   synth::PlanFile plan = onePlan();
   const std::vector<MeasuredRow> rows = {row(Algorithm::Ring, Protocol::Simple, 16, 40)};
-  const auto ranked =
-      rankByMeasurements(plan, rows, {ownChoice(Algorithm::Ring, Protocol::Simple)}, RankOptions{});
+  const auto ranked = rankByMeasurements(plan, rows, {ownChoice(Algorithm::Ring, Protocol::Simple)}, RankOptions{});
   const synth::PlanEntry& e = plan.collectives[0].entries[0];
   ASSERT_TRUE(e.native);
   EXPECT_FALSE(e.native->measured);
@@ -197,8 +194,7 @@ TEST(Ranking, ChannelsThePlanSetAreNotNcclsOwn) {
   plan.collectives[0].entries[0].native = native("Ring", "Simple", 4, 30);  // NCCL's algorithm, fewer channels
   const std::vector<MeasuredRow> rows = {row(Algorithm::Ring, Protocol::Simple, 4, 35),
                                          row(Algorithm::Ring, Protocol::Simple, 16, 40)};
-  const auto ranked =
-      rankByMeasurements(plan, rows, {ownChoice(Algorithm::Ring, Protocol::Simple)}, RankOptions{});
+  const auto ranked = rankByMeasurements(plan, rows, {ownChoice(Algorithm::Ring, Protocol::Simple)}, RankOptions{});
   EXPECT_EQ(ranked[0].ncclConfig, "Ring/Simple/16ch");
   EXPECT_DOUBLE_EQ(*ranked[0].ncclUs, 40);
   const synth::PlanEntry& e = plan.collectives[0].entries[0];
@@ -212,8 +208,7 @@ TEST(Ranking, OtherShapesAndSizesOutsideTheRangeAreIgnored) {
   const std::vector<MeasuredRow> rows = {row(Algorithm::Ring, Protocol::LL128, 4, 1, 10, kSize, 16),
                                          row(Algorithm::Ring, Protocol::LL128, 4, 1, 10, 4 * kSize),
                                          row(Algorithm::Ring, Protocol::Simple, 16, 40, 10, kSize, 16)};
-  const auto ranked =
-      rankByMeasurements(plan, rows, {ownChoice(Algorithm::Ring, Protocol::Simple)}, RankOptions{});
+  const auto ranked = rankByMeasurements(plan, rows, {ownChoice(Algorithm::Ring, Protocol::Simple)}, RankOptions{});
   EXPECT_EQ(ranked[0].measuredBytes, 0u);
   EXPECT_FALSE(plan.collectives[0].entries[0].native->measured);
 }
@@ -227,7 +222,8 @@ TEST(Ranking, TheMeasuredSizeClosestToTheEntryRanksIt) {
       row(Algorithm::Ring, Protocol::LL128, 4, 25, 10, near), row(Algorithm::Ring, Protocol::Simple, 16, 40, 10, near),
       row(Algorithm::Ring, Protocol::LL128, 4, 90, 10, far), row(Algorithm::Ring, Protocol::Simple, 16, 40, 10, far)};
   const auto ranked = rankByMeasurements(
-      plan, rows, {ownChoice(Algorithm::Ring, Protocol::Simple, near), ownChoice(Algorithm::Ring, Protocol::Simple, far)},
+      plan, rows,
+      {ownChoice(Algorithm::Ring, Protocol::Simple, near), ownChoice(Algorithm::Ring, Protocol::Simple, far)},
       RankOptions{});
   EXPECT_EQ(ranked[0].measuredBytes, near);
   ASSERT_TRUE(plan.collectives[0].entries[0].native);
