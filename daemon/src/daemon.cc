@@ -628,6 +628,17 @@ core::Result<std::unique_ptr<Daemon>> Daemon::create(Config config, GetEnv getEn
   }
   schedcache::Error err;
   std::unique_ptr<schedcache::Writer> writer = schedcache::Writer::open(wo, &err);
+  if (!writer && err.status == schedcache::Status::kBadVersion) {
+    // An older build's segment, left in /dev/shm by an upgrade. This daemon holds the namespace, so no other writer
+    // uses it; processes that mapped it keep their mapping (and the plan they pinned), new ones attach to the new one.
+    spdlog::warn("{}; replacing it with a segment of this build's layout", err.message);
+    schedcache::Error removeError;
+    if (schedcache::Writer::remove(config.ns, &removeError)) {
+      writer = schedcache::Writer::open(wo, &err);
+    } else {
+      err = removeError;
+    }
+  }
   if (!writer) {
     return core::Diagnostic{schedcache::segmentPath(config.ns), 0, 0,
                             fmt::format("cannot open the schedule cache: {}", err.message)};

@@ -4,6 +4,7 @@
 // refuses a second daemon on its namespace, survives a SIGKILL in the middle of a publish with the cache readable,
 // follows the jobs' activity but pauses while they are busy, and stays small. Synthesis is kept tiny (one
 // collective, one or two sizes, one round of two candidates) so each daemon's first pass takes a fraction of a second.
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -32,6 +33,7 @@
 #include "optiflow/core/vocabulary.h"
 #include "optiflow/schedcache/plan.h"
 #include "optiflow/schedcache/reader.h"
+#include "optiflow/schedcache/writer.h"
 #include "optiflowd_test_support.h"
 
 namespace optiflow::daemontest {
@@ -1008,6 +1010,37 @@ TEST_F(Optiflowd, MeasuredEntriesOutrankPredictedOnesAndAMeasuredLoserIsNeverPub
   ASSERT_NE(table, std::string::npos) << log;
   const std::size_t end = log.find("work pass", table);
   std::cout << "[ info ] " << log.substr(table, end == std::string::npos ? std::string::npos : end - table) << "\n";
+}
+
+// 10. An upgrade: the namespace holds a segment of an older layout version (an older build made it, and jobs that
+// mapped it may still run). optiflowd replaces it with one of its own layout instead of refusing to start.
+TEST_F(Optiflowd, ASegmentOfAnOlderLayoutIsReplaced) {
+  {
+    sc::WriterOptions wo;
+    wo.ns = ns_;
+    wo.build = "older build";
+    sc::Error e;
+    ASSERT_TRUE(sc::Writer::open(wo, &e)) << e.message;
+  }
+  const std::string path = sc::segmentPath(ns_);
+  {
+    const int fd = ::open(path.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    const std::uint32_t version = sc::kLayoutVersion - 1;
+    ASSERT_EQ(::pwrite(fd, &version, sizeof(version), offsetof(sc::SegmentHeader, layoutVersion)),
+              static_cast<ssize_t>(sizeof(version)));
+    ::close(fd);
+  }
+  sc::Error refused;
+  EXPECT_FALSE(sc::Reader::attach(ns_, &refused));
+  EXPECT_EQ(refused.status, sc::Status::kBadVersion);
+
+  Child& d = startDaemon(writeConfig({}));
+  ASSERT_GT(waitHealthy(d), 0);
+  ASSERT_TRUE(waitForPlan(d));
+  sc::Error e;
+  EXPECT_TRUE(sc::Reader::attach(ns_, &e)) << e.message;
+  EXPECT_TRUE(contains(d.log(), "replacing it with a segment of this build's layout")) << d.log();
 }
 
 }  // namespace
