@@ -167,15 +167,10 @@ std::optional<std::uint32_t> trialCandidate(std::uint64_t planHash, std::uint64_
                                             std::uint64_t minBytes, std::uint64_t call, std::uint32_t candidates,
                                             std::uint32_t callsEach) noexcept {
   if (candidates == 0 || callsEach == 0 || call >= std::uint64_t{candidates} * callsEach) return std::nullopt;
-  // splitmix64 finaliser over the shared inputs: the same rotation on every rank.
-  auto mix = [](std::uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-  };
-  const std::uint64_t rotation = mix(planHash ^ mix(commId ^ mix((std::uint64_t{coll} << 56) ^ minBytes))) % candidates;
+  // A mix of the shared inputs only: the same rotation on every rank.
+  using schedcache::mix64;
+  const std::uint64_t rotation =
+      mix64(planHash ^ mix64(commId ^ mix64((std::uint64_t{coll} << 56) ^ minBytes))) % candidates;
   return static_cast<std::uint32_t>((call / callsEach + rotation) % candidates);
 }
 

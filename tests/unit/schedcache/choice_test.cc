@@ -21,6 +21,7 @@
 #include "optiflow/schedcache/layout.h"
 #include "optiflow/schedcache/reader.h"
 #include "optiflow/schedcache/writer.h"
+#include "raw_segment.h"
 
 namespace optiflow::schedcache {
 namespace {
@@ -28,28 +29,7 @@ namespace {
 constexpr auto kAllReduce = static_cast<std::uint8_t>(core::Collective::AllReduce);
 constexpr auto kAllGather = static_cast<std::uint8_t>(core::Collective::AllGather);
 
-// The segment mapped by the test itself, to count claimed records where the layout says they are.
-class RawSegment {
- public:
-  explicit RawSegment(const std::string& path) {
-    fd_ = ::open(path.c_str(), O_RDWR);
-    if (fd_ < 0) return;
-    void* p = ::mmap(nullptr, sizeof(Segment), PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-    if (p != MAP_FAILED) segment_ = static_cast<Segment*>(p);
-  }
-  ~RawSegment() {
-    if (segment_ != nullptr) ::munmap(segment_, sizeof(Segment));
-    if (fd_ >= 0) ::close(fd_);
-  }
-  RawSegment(const RawSegment&) = delete;
-  RawSegment& operator=(const RawSegment&) = delete;
-  Segment* operator->() const { return segment_; }
-  bool ok() const { return segment_ != nullptr; }
-
- private:
-  int fd_ = -1;
-  Segment* segment_ = nullptr;
-};
+using testsupport::RawSegment;
 
 class SchedCacheChoiceTest : public ::testing::Test {
  protected:

@@ -23,35 +23,14 @@
 #include "optiflow/schedcache/layout.h"
 #include "optiflow/schedcache/reader.h"
 #include "optiflow/schedcache/writer.h"
+#include "raw_segment.h"
 
 namespace optiflow::schedcache {
 namespace {
 
 using Weights = std::vector<std::pair<std::string, std::uint32_t>>;
 
-// The segment file mapped by the test itself, to look at records where the layout says they are and to play a
-// writer that is in the middle of an update (or died there).
-class RawSegment {
- public:
-  explicit RawSegment(const std::string& path) {
-    fd_ = ::open(path.c_str(), O_RDWR);
-    if (fd_ < 0) return;
-    void* p = ::mmap(nullptr, sizeof(Segment), PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-    if (p != MAP_FAILED) segment_ = static_cast<Segment*>(p);
-  }
-  ~RawSegment() {
-    if (segment_ != nullptr) ::munmap(segment_, sizeof(Segment));
-    if (fd_ >= 0) ::close(fd_);
-  }
-  RawSegment(const RawSegment&) = delete;
-  RawSegment& operator=(const RawSegment&) = delete;
-  Segment* operator->() const { return segment_; }
-  bool ok() const { return segment_ != nullptr; }
-
- private:
-  int fd_ = -1;
-  Segment* segment_ = nullptr;
-};
+using testsupport::RawSegment;
 
 std::uint64_t load(const std::uint64_t& v) {
   return std::atomic_ref<std::uint64_t>(const_cast<std::uint64_t&>(v)).load(std::memory_order_relaxed);

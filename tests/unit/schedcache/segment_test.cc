@@ -28,6 +28,7 @@
 #include "optiflow/schedcache/plan.h"
 #include "optiflow/schedcache/reader.h"
 #include "optiflow/schedcache/writer.h"
+#include "raw_segment.h"
 
 namespace optiflow::schedcache {
 namespace {
@@ -125,29 +126,7 @@ std::uint32_t documentedSlotChecksum(const PlanSlot& slot) {
   return crc.checksum();
 }
 
-// The segment file mapped by the test itself, to damage it the way a bug or another program could.
-class RawSegment {
- public:
-  explicit RawSegment(const std::string& path) {
-    fd_ = ::open(path.c_str(), O_RDWR);
-    if (fd_ < 0) return;
-    void* p = ::mmap(nullptr, sizeof(Segment), PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-    if (p != MAP_FAILED) segment_ = static_cast<Segment*>(p);
-  }
-  ~RawSegment() {
-    if (segment_ != nullptr) ::munmap(segment_, sizeof(Segment));
-    if (fd_ >= 0) ::close(fd_);
-  }
-  RawSegment(const RawSegment&) = delete;
-  RawSegment& operator=(const RawSegment&) = delete;
-  Segment* operator->() const { return segment_; }
-  bool ok() const { return segment_ != nullptr; }
-  int fd() const { return fd_; }
-
- private:
-  int fd_ = -1;
-  Segment* segment_ = nullptr;
-};
+using testsupport::RawSegment;
 
 class SchedCacheTest : public ::testing::Test {
  protected:

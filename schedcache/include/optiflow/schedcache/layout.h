@@ -295,17 +295,19 @@ inline std::uint64_t measureKey(std::uint64_t commId, std::uint8_t coll, std::ui
   return h == 0 ? 1 : h;
 }
 
+// splitmix64's finaliser: the hashes of the per-call paths (choiceKey here, the tuner's trial rotation).
+inline std::uint64_t mix64(std::uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
 // Never 0 (0 marks a free record). A multiply-xorshift mix rather than measureKey's byte-wise FNV: this runs on every
 // tuner call.
 inline std::uint64_t choiceKey(std::uint64_t commId, std::uint8_t coll, std::uint64_t sizeBytes) {
-  auto mix = [](std::uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-  };
-  const std::uint64_t h = mix(commId ^ mix(sizeBytes ^ (std::uint64_t{coll} << 56) ^ 0x9e3779b97f4a7c15ULL));
+  const std::uint64_t h = mix64(commId ^ mix64(sizeBytes ^ (std::uint64_t{coll} << 56) ^ 0x9e3779b97f4a7c15ULL));
   return h == 0 ? 1 : h;
 }
 
