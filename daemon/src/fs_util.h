@@ -14,7 +14,7 @@ namespace optiflow::daemon::detail {
 // never half of it. false (and no temporary left behind) when writing or renaming fails.
 inline bool writeFileAtomic(const std::filesystem::path& file, const std::string& text) {
   const std::filesystem::path tmp =
-      file.parent_path() / ("." + file.filename().string() + ".tmp-" + std::to_string(::getpid()));
+      file.parent_path() / (std::string(".") += file.filename().string() + ".tmp-" + std::to_string(::getpid()));
   std::error_code ec;
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);

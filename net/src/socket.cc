@@ -49,7 +49,7 @@ std::string endpointText(const sockaddr* addr) noexcept {
   if (addr->sa_family == AF_INET6) {
     const auto* in6 = reinterpret_cast<const sockaddr_in6*>(addr);
     ::inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
-    return "[" + std::string(host) + "]:" + std::to_string(ntohs(in6->sin6_port));
+    return std::string("[").append(host).append("]:") + std::to_string(ntohs(in6->sin6_port));
   }
   return host;
 }

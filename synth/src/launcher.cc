@@ -102,7 +102,7 @@ Outcome runCommand(const std::string& command, const fs::path& log, double timeo
 
 }  // namespace
 
-std::string shellQuote(const std::string& text) { return "'" + replaceAll(text, "'", "'\\''") + "'"; }
+std::string shellQuote(const std::string& text) { return fmt::format("'{}'", replaceAll(text, "'", "'\\''")); }
 
 RoundMeasurement measureWithLauncher(const LauncherConfig& launcher, int round, const std::vector<MeasureItem>& items) {
   RoundMeasurement m;
