@@ -19,6 +19,7 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -43,6 +44,7 @@
 #include "optiflow/daemon/probe.h"
 #include "optiflow/daemon/work.h"
 #include "optiflow/schedcache/error.h"
+#include "optiflow/schedcache/layout.h"
 #include "optiflow/schedcache/reader.h"
 #include "optiflow/schedcache/writer.h"
 
@@ -61,6 +63,17 @@ constexpr int kExitOk = 0;
 constexpr int kExitRuntime = 1;
 constexpr int kExitConfig = 2;
 constexpr int kExitLocked = 3;
+
+// The namespace's segment was made by an older build (a lower layout version): an upgrade left it behind. A newer
+// build's segment is never replaced (a downgrade refuses it, as every reader does).
+bool olderLayout(const std::string& ns) {
+  const int fd = ::open(schedcache::segmentPath(ns).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  std::uint32_t version = 0;
+  const ssize_t n = ::pread(fd, &version, sizeof(version), offsetof(schedcache::SegmentHeader, layoutVersion));
+  ::close(fd);
+  return n == static_cast<ssize_t>(sizeof(version)) && version < schedcache::kLayoutVersion;
+}
 
 constexpr double kPollS = 30;          // the work thread looks for new workloads at least this often
 constexpr double kFollowerPollS = 5;   // a follower looks for a newly shared plan this often
@@ -628,7 +641,7 @@ core::Result<std::unique_ptr<Daemon>> Daemon::create(Config config, GetEnv getEn
   }
   schedcache::Error err;
   std::unique_ptr<schedcache::Writer> writer = schedcache::Writer::open(wo, &err);
-  if (!writer && err.status == schedcache::Status::kBadVersion) {
+  if (!writer && err.status == schedcache::Status::kBadVersion && olderLayout(config.ns)) {
     // An older build's segment, left in /dev/shm by an upgrade. This daemon holds the namespace, so no other writer
     // uses it; processes that mapped it keep their mapping (and the plan they pinned), new ones attach to the new one.
     spdlog::warn("{}; replacing it with a segment of this build's layout", err.message);

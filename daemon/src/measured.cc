@@ -54,6 +54,15 @@ std::vector<MeasuredRow> joinMeasurements(const schedcache::Reader& reader) {
                 item.nativeUs > 0) {
               row.predictedUs = item.nativeUs;
             }
+            auto sets = [&](const std::optional<core::Algorithm>& a, const std::optional<core::Protocol>& p,
+                            std::int32_t channels) {
+              return a && a == m.algorithm && p == m.protocol && channels > 0 &&
+                     static_cast<std::uint32_t>(channels) == m.channels;
+            };
+            row.forced = row.forced || sets(item.algorithm, item.protocol, item.nChannels);
+            for (const schedcache::TrialCandidate& t : item.trials) {
+              row.forced = row.forced || sets(t.algorithm, t.protocol, t.nChannels);
+            }
           }
         }
       }

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <set>
 #include <tuple>
 #include <utility>
 
@@ -90,40 +89,53 @@ class EntryRanker {
     }
     r.measuredBytes = measuredSize(inRange);
 
-    // The channel counts the plan set for an (algorithm, protocol): rows with another count are NCCL's own.
-    std::set<std::tuple<core::Algorithm, core::Protocol, std::uint32_t>> explicitChannels;
-    if (decision && decision->channels > 0) {
-      explicitChannels.insert({decision->algorithm, decision->protocol, decision->channels});
+    // NCCL's own choice per communicator at this size, as its tuner recorded it from NCCL's cost table.
+    std::map<std::uint64_t, std::pair<core::Algorithm, core::Protocol>> ownOf;
+    for (const schedcache::NcclChoice& c : choices) {
+      if (c.coll == coll_.collective && c.sizeBytes == r.measuredBytes && c.algorithm && c.protocol) {
+        ownOf[c.commId] = {*c.algorithm, *c.protocol};
+      }
     }
-    std::set<std::uint64_t> comms;
-    std::map<Config, Timed> configs;
-    std::vector<const schedcache::Measurement*> atSize;
+    std::vector<const MeasuredRow*> atSize;
     for (const MeasuredRow* row : inRange) {
-      const schedcache::Measurement& m = row->m;
-      if (m.sizeBytes != r.measuredBytes) continue;
-      atSize.push_back(&m);
-      comms.insert(m.commId);
-      configs[Config{*m.algorithm, *m.protocol, m.channels}].add(m);
+      if (row->m.sizeBytes == r.measuredBytes) atSize.push_back(row);
     }
-    const std::optional<std::pair<core::Algorithm, core::Protocol>> own = ncclOwn(comms, r.measuredBytes, choices);
+    auto ownConfig = [&](const MeasuredRow& row) {
+      const auto it = ownOf.find(row.m.commId);
+      return it != ownOf.end() && it->second == std::pair(*row.m.algorithm, *row.m.protocol);
+    };
+    // A row of NCCL's own (algorithm, protocol) at a channel count the communicator's plan set is that plan's choice,
+    // unless NCCL's own never showed at another count: then NCCL's count is the one the plan set, the same
+    // configuration.
+    const bool ownUnforced = std::any_of(atSize.begin(), atSize.end(),
+                                         [&](const MeasuredRow* row) { return ownConfig(*row) && !row->forced; });
+    auto isOwn = [&](const MeasuredRow& row) { return ownConfig(row) && (!row.forced || !ownUnforced); };
+    auto isDecision = [&](const MeasuredRow& row) {
+      if (!decision || *row.m.algorithm != decision->algorithm || *row.m.protocol != decision->protocol) return false;
+      return decision->channels == 0 ? !row.forced : row.m.channels == decision->channels;
+    };
+
     Timed ownTimed;
     Timed decisionTimed;
     std::map<std::uint32_t, double> ownChannelCalls;
-    for (const schedcache::Measurement* m : atSize) {
-      const bool channelsSet = explicitChannels.count({*m->algorithm, *m->protocol, m->channels}) != 0;
-      if (own && *m->algorithm == own->first && *m->protocol == own->second && !channelsSet) {
-        ownTimed.add(*m);
-        ownChannelCalls[m->channels] += static_cast<double>(m->calls);
-      }
-      if (decision && *m->algorithm == decision->algorithm && *m->protocol == decision->protocol &&
-          (decision->channels == 0 ? !channelsSet : m->channels == decision->channels)) {
-        decisionTimed.add(*m);
+    std::map<std::pair<core::Algorithm, core::Protocol>, double> ownVotes;
+    std::map<Config, Timed> others;  // every other measured configuration
+    for (const MeasuredRow* row : atSize) {
+      const schedcache::Measurement& m = row->m;
+      if (isOwn(*row)) {
+        ownTimed.add(m);
+        ownChannelCalls[m.channels] += static_cast<double>(m.calls);
+        ownVotes[{*m.algorithm, *m.protocol}] += static_cast<double>(m.calls);
+      } else if (isDecision(*row)) {
+        decisionTimed.add(m);
+      } else {
+        others[Config{*m.algorithm, *m.protocol, m.channels}].add(m);
       }
     }
     const auto measured = [&](const Timed& t) { return t.calls >= static_cast<double>(opt_.minCalls); };
     if (measured(decisionTimed)) r.beforeUs = decisionTimed.us();
 
-    if (!own || !measured(ownTimed)) {
+    if (!measured(ownTimed)) {
       // Nothing to compare with yet: the decision stands, measured where it is, and the trials go on.
       if (decision && r.beforeUs) {
         e_.native->simulatedUs = e_.native->timeUs;
@@ -135,10 +147,17 @@ class EntryRanker {
       return r;
     }
 
+    auto mostCalls = [](const auto& a, const auto& b) { return a.second < b.second; };
     const std::uint32_t ownChannels =
-        std::max_element(ownChannelCalls.begin(), ownChannelCalls.end(), [](const auto& a, const auto& b) {
-          return a.second < b.second;
-        })->first;
+        std::max_element(ownChannelCalls.begin(), ownChannelCalls.end(), mostCalls)->first;
+    const std::pair<core::Algorithm, core::Protocol> ownPair =
+        std::max_element(ownVotes.begin(), ownVotes.end(), mostCalls)->first;
+    const auto* own = &ownPair;
+    if (decision && !measured(decisionTimed) && decision->algorithm == own->first &&
+        decision->protocol == own->second && (decision->channels == 0 || decision->channels == ownChannels)) {
+      decisionTimed = ownTimed;  // the decision is NCCL's own configuration: its rows were counted as NCCL's
+      r.beforeUs = ownTimed.us();
+    }
     const double ownUs = ownTimed.us();
     r.ncclConfig = configText(own->first, own->second, ownChannels);
     r.ncclUs = ownUs;
@@ -150,18 +169,24 @@ class EntryRanker {
     ncclChoice.measured = true;
     ncclChoice.simulatedUs = e_.nccl ? e_.nccl->timeUs : 0;
 
-    // The fastest measured configuration not slower than NCCL's own; a tie keeps NCCL's own.
+    // The fastest measured configuration faster than NCCL's own (a tie keeps NCCL's own; the sketch's medians are
+    // bucket midpoints, so a tie is a difference under about 6 %). The decision counts as one configuration, all
+    // its rows together.
     std::optional<Config> winner;
     double winnerUs = ownUs;
-    for (const auto& [cfg, t] : configs) {
-      if (!measured(t)) continue;
+    bool winnerIsDecision = false;
+    auto consider = [&](const Config& cfg, const Timed& t, bool isDecisionConfig) {
+      if (!measured(t)) return;
       if (t.us() > ownUs) {
         r.refused.push_back(fmt::format("{} {:.1f} us", configText(cfg), t.us()));
       } else if (t.us() < winnerUs) {
         winner = cfg;
         winnerUs = t.us();
+        winnerIsDecision = isDecisionConfig;
       }
-    }
+    };
+    if (decision) consider(Config{decision->algorithm, decision->protocol, decision->channels}, decisionTimed, true);
+    for (const auto& [cfg, t] : others) consider(cfg, t, false);
     e_.nccl = ncclChoice;
     if (!winner && decision && !r.beforeUs) {
       // Predicted better, never measured, and nothing measured beats NCCL's own: it gets its trials.
@@ -182,9 +207,7 @@ class EntryRanker {
     chosen.channels = static_cast<int>(winner->channels);
     chosen.timeUs = winnerUs;
     chosen.measured = true;
-    if (decision && decision->algorithm == winner->algorithm && decision->protocol == winner->protocol &&
-        (decision->channels == 0 || decision->channels == winner->channels)) {
-      chosen.channels = static_cast<int>(decision->channels);  // the decision as it was: 0 still lets NCCL decide
+    if (winnerIsDecision) {  // the decision as it was: channels 0 still lets NCCL decide
       chosen.chunkBytes = e_.native->chunkBytes;
       chosen.simulatedUs = e_.native->timeUs;
     }
@@ -207,24 +230,6 @@ class EntryRanker {
       }
     }
     return best;
-  }
-
-  // NCCL's own (algorithm, protocol) at this size on these communicators: the choice recorded with the most calls.
-  std::optional<std::pair<core::Algorithm, core::Protocol>> ncclOwn(
-      const std::set<std::uint64_t>& comms, std::uint64_t size,
-      const std::vector<schedcache::NcclChoice>& choices) const {
-    std::map<std::pair<core::Algorithm, core::Protocol>, std::uint64_t> votes;
-    for (const schedcache::NcclChoice& c : choices) {
-      if (c.coll != coll_.collective || c.sizeBytes != size || !c.algorithm || !c.protocol ||
-          comms.count(c.commId) == 0) {
-        continue;
-      }
-      votes[{*c.algorithm, *c.protocol}] += std::max<std::uint64_t>(c.calls, 1);
-    }
-    if (votes.empty()) return std::nullopt;
-    return std::max_element(votes.begin(), votes.end(),
-                            [](const auto& a, const auto& b) { return a.second < b.second; })
-        ->first;
   }
 
   // NCCL's own choice and the decision take turns until both are measured.

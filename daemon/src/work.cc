@@ -231,7 +231,10 @@ core::Result<PassResult> WorkLoop::runOnce(const std::atomic<bool>& stop) {
     if (!dir) return fail("publish", dir.error());
     if (dir->empty()) return;
     auto published = m.publish(*dir, out);
-    if (!published) fail("publish", published.error());
+    if (!published) {
+      m.lastMergeSignature.clear();  // the next pass tries again
+      fail("publish", published.error());
+    }
   };
   bool pending = m.lastPublished == 0 && !m.colls.empty();  // restored runs this process has not published yet
   for (const Workload& w : workloads) {

@@ -300,10 +300,19 @@ core::Result<fs::path> WorkLoop::Impl::finalizePlanDir(const fs::path& tmp, std:
   }
   const fs::path dest = plansDir() / schedcache::formatHash(hash);
   if (fs::exists(dest / "plan.json", ec)) {
-    // The same decisions: the new plan.json only says more (which times are measured now), and replaces the old one
-    // in one rename.
-    fs::rename(tmp / "plan.json", dest / "plan.json", ec);
+    // The same decisions (and so the same schedule files): the new plan.json only says more (which times are
+    // measured now, which runs). The programs it names move in first, then it replaces the old one in one rename.
+    for (const fs::directory_entry& f : fs::directory_iterator(tmp / "programs", ec)) {
+      std::error_code pec;
+      if (!fs::exists(dest / "programs" / f.path().filename(), pec)) {
+        fs::create_directories(dest / "programs", pec);
+        fs::rename(f.path(), dest / "programs" / f.path().filename(), pec);
+      }
+    }
+    std::error_code rec;
+    fs::rename(tmp / "plan.json", dest / "plan.json", rec);
     fs::remove_all(tmp, ec);
+    if (rec) return diag(dest / "plan.json", fmt::format("cannot replace the plan file: {}", rec.message()));
     return dest;
   }
   fs::remove_all(dest, ec);

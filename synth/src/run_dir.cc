@@ -19,6 +19,7 @@
 #include "optiflow/compiler/schedule_io.h"
 #include "optiflow/core/parallel.h"
 #include "optiflow/core/units.h"
+#include "optiflow/schedcache/layout.h"
 
 namespace optiflow::synth {
 
@@ -150,12 +151,15 @@ void readTrials(const JsonNode& e, PlanEntry& entry) {
   auto t = e.optional("trials");
   if (!t) return;
   if (!t->raw().is_object()) t->fail(fmt::format("expected an object or null, {}", t->got()));
-  entry.trialCalls = (*t)["calls"].intIn(0, kMaxInt);
+  entry.trialCalls = (*t)["calls"].intIn(1, static_cast<int>(schedcache::kMaxTrialCalls));
   for (const JsonNode& c : (*t)["candidates"].items()) {
     c.requireObject();
     PlanTrial trial;
     const std::optional<JsonNode> alg = c.optional("algorithm");  // absent or null: NCCL's own choice
     if (!alg) {
+      for (const char* key : {"protocol", "channels", "chunk_bytes"}) {
+        if (auto v = c.optional(key)) v->fail("NCCL's own choice (algorithm null) takes no " + std::string(key));
+      }
       entry.trials.push_back(trial);
       continue;
     }

@@ -952,10 +952,27 @@ TEST_F(Optiflowd, MeasuredEntriesOutrankPredictedOnesAndAMeasuredLoserIsNeverPub
   measure(loserBytes, *loser.algorithm, *loser.protocol, channelsOf(loser), 1.5 * ownUs);
 
   d.signal(SIGHUP);  // the daemon looks now instead of at its next poll (30 s)
-  const std::optional<sc::PlanInfo> next = waitForPlan(d, first->contentHash, kReactS * 2);
-  ASSERT_TRUE(next);
-  const std::optional<sc::Plan> ranked = loadPlan(ns_, next->contentHash);
-  ASSERT_TRUE(ranked);
+  // A poll that came between the rows above may have published a plan with one of them: wait for the plan that has
+  // both entries measured.
+  std::optional<sc::Plan> ranked;
+  auto bothMeasured = [&](const sc::Plan& p) {
+    int measured = 0;
+    for (const sc::PlanItem& it : p.items) {
+      const bool ours = it.minBytes <= winnerBytes ? winnerBytes <= it.maxBytes : false;
+      const bool theirs = it.minBytes <= loserBytes ? loserBytes <= it.maxBytes : false;
+      if ((ours || theirs) && it.measured) ++measured;
+    }
+    return measured == 2;
+  };
+  const bool done = waitFor(
+      [&] {
+        const std::optional<sc::PlanInfo> info = currentPlan();
+        if (!info || info->contentHash == first->contentHash || !d.running()) return !d.running();
+        ranked = loadPlan(ns_, info->contentHash);
+        return ranked && bothMeasured(*ranked);
+      },
+      kReactS * 2, 100);
+  ASSERT_TRUE(done && ranked && bothMeasured(*ranked)) << d.log();
   auto itemAt = [&](std::uint64_t bytes) -> const sc::PlanItem* {
     for (const sc::PlanItem& it : ranked->items) {
       if (it.coll == core::Collective::AllGather && it.nRanks == 8 && it.nNodes == 1 && it.minBytes <= bytes &&
@@ -1012,35 +1029,46 @@ TEST_F(Optiflowd, MeasuredEntriesOutrankPredictedOnesAndAMeasuredLoserIsNeverPub
   std::cout << "[ info ] " << log.substr(table, end == std::string::npos ? std::string::npos : end - table) << "\n";
 }
 
-// 10. An upgrade: the namespace holds a segment of an older layout version (an older build made it, and jobs that
-// mapped it may still run). optiflowd replaces it with one of its own layout instead of refusing to start.
-TEST_F(Optiflowd, ASegmentOfAnOlderLayoutIsReplaced) {
+// Writes `version` into the namespace's segment header, as a build of another layout would have made it.
+void setLayoutVersion(const std::string& ns, std::uint32_t version) {
   {
     sc::WriterOptions wo;
-    wo.ns = ns_;
-    wo.build = "older build";
+    wo.ns = ns;
+    wo.build = "another build";
     sc::Error e;
     ASSERT_TRUE(sc::Writer::open(wo, &e)) << e.message;
   }
-  const std::string path = sc::segmentPath(ns_);
-  {
-    const int fd = ::open(path.c_str(), O_RDWR);
-    ASSERT_GE(fd, 0);
-    const std::uint32_t version = sc::kLayoutVersion - 1;
-    ASSERT_EQ(::pwrite(fd, &version, sizeof(version), offsetof(sc::SegmentHeader, layoutVersion)),
-              static_cast<ssize_t>(sizeof(version)));
-    ::close(fd);
-  }
+  const int fd = ::open(sc::segmentPath(ns).c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, &version, sizeof(version), offsetof(sc::SegmentHeader, layoutVersion)),
+            static_cast<ssize_t>(sizeof(version)));
+  ::close(fd);
   sc::Error refused;
-  EXPECT_FALSE(sc::Reader::attach(ns_, &refused));
+  EXPECT_FALSE(sc::Reader::attach(ns, &refused));
   EXPECT_EQ(refused.status, sc::Status::kBadVersion);
+}
 
+// 10. An upgrade: the namespace holds a segment of an older layout version (an older build made it, and jobs that
+// mapped it may still run). optiflowd replaces it with one of its own layout instead of refusing to start.
+TEST_F(Optiflowd, ASegmentOfAnOlderLayoutIsReplaced) {
+  setLayoutVersion(ns_, sc::kLayoutVersion - 1);
   Child& d = startDaemon(writeConfig({}));
   ASSERT_GT(waitHealthy(d), 0);
   ASSERT_TRUE(waitForPlan(d));
   sc::Error e;
   EXPECT_TRUE(sc::Reader::attach(ns_, &e)) << e.message;
   EXPECT_TRUE(contains(d.log(), "replacing it with a segment of this build's layout")) << d.log();
+}
+
+// A newer build's segment (a downgrade) is refused, not replaced: the daemon exits and says why.
+TEST_F(Optiflowd, ASegmentOfANewerLayoutIsRefused) {
+  setLayoutVersion(ns_, sc::kLayoutVersion + 1);
+  Child& d = startDaemon(writeConfig({}));
+  EXPECT_TRUE(waitFor([&] { return !d.running(); }, kStartS)) << d.log();
+  EXPECT_TRUE(contains(d.log(), "layout version")) << d.log();
+  sc::Error e;
+  EXPECT_FALSE(sc::Reader::attach(ns_, &e));
+  EXPECT_EQ(e.status, sc::Status::kBadVersion);
 }
 
 }  // namespace

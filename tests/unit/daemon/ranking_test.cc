@@ -192,8 +192,9 @@ TEST(Ranking, TooFewCallsAreNotAMeasurement) {
 TEST(Ranking, ChannelsThePlanSetAreNotNcclsOwn) {
   synth::PlanFile plan = onePlan();
   plan.collectives[0].entries[0].native = native("Ring", "Simple", 4, 30);  // NCCL's algorithm, fewer channels
-  const std::vector<MeasuredRow> rows = {row(Algorithm::Ring, Protocol::Simple, 4, 35),
-                                         row(Algorithm::Ring, Protocol::Simple, 16, 40)};
+  std::vector<MeasuredRow> rows = {row(Algorithm::Ring, Protocol::Simple, 4, 35),
+                                   row(Algorithm::Ring, Protocol::Simple, 16, 40)};
+  rows[0].forced = true;  // the plan the communicator used set 4 channels (joinMeasurements)
   const auto ranked = rankByMeasurements(plan, rows, {ownChoice(Algorithm::Ring, Protocol::Simple)}, RankOptions{});
   EXPECT_EQ(ranked[0].ncclConfig, "Ring/Simple/16ch");
   EXPECT_DOUBLE_EQ(*ranked[0].ncclUs, 40);
@@ -228,6 +229,57 @@ TEST(Ranking, TheMeasuredSizeClosestToTheEntryRanksIt) {
   EXPECT_EQ(ranked[0].measuredBytes, near);
   ASSERT_TRUE(plan.collectives[0].entries[0].native);
   EXPECT_DOUBLE_EQ(plan.collectives[0].entries[0].native->timeUs, 25);
+}
+
+TEST(Ranking, ADecisionLeavingChannelsToNcclIsJudgedOnAllItsRows) {
+  synth::PlanFile plan = onePlan();
+  plan.collectives[0].entries[0].native = native("Tree", "LL", 0, 30);
+  // Few fast calls at 2 channels, many slow ones at 4: together the decision is slower than NCCL's own.
+  const std::vector<MeasuredRow> rows = {row(Algorithm::Tree, Protocol::LL, 2, 10, 5),
+                                         row(Algorithm::Tree, Protocol::LL, 4, 100, 100),
+                                         row(Algorithm::Ring, Protocol::Simple, 16, 50)};
+  const auto ranked = rankByMeasurements(plan, rows, {ownChoice(Algorithm::Ring, Protocol::Simple)}, RankOptions{});
+  EXPECT_FALSE(plan.collectives[0].entries[0].native) << "a decision measured slower than NCCL's own was published";
+  ASSERT_EQ(ranked[0].refused.size(), 1u);
+  EXPECT_NE(ranked[0].refused[0].find("Tree/LL"), std::string::npos);
+}
+
+TEST(Ranking, NcclsOwnOverSeveralChannelCountsDoesNotBeatItself) {
+  synth::PlanFile plan = onePlan();
+  const std::vector<MeasuredRow> rows = {row(Algorithm::Ring, Protocol::Simple, 8, 38),
+                                         row(Algorithm::Ring, Protocol::Simple, 16, 42)};
+  const auto ranked = rankByMeasurements(plan, rows, {ownChoice(Algorithm::Ring, Protocol::Simple)}, RankOptions{});
+  const synth::PlanEntry& e = plan.collectives[0].entries[0];
+  EXPECT_TRUE(ranked[0].refused.empty());
+  ASSERT_TRUE(e.native);
+  EXPECT_EQ(e.native->protocol, "LL128");  // the unmeasured decision keeps its trials
+  EXPECT_FALSE(e.native->measured);
+  EXPECT_EQ(e.trials.size(), 2u);
+  EXPECT_DOUBLE_EQ(*ranked[0].ncclUs, 40);
+}
+
+TEST(Ranking, ADecisionThatIsNcclsOwnConfigurationEndsItsTrials) {
+  synth::PlanFile plan = onePlan();
+  plan.collectives[0].entries[0].native = native("Ring", "Simple", 16, 30);
+  // NCCL's own choice is Ring/Simple on 16 channels too: every row is in the record the plan's 16 channels forced.
+  std::vector<MeasuredRow> rows = {row(Algorithm::Ring, Protocol::Simple, 16, 40)};
+  rows[0].forced = true;
+  const auto ranked = rankByMeasurements(plan, rows, {ownChoice(Algorithm::Ring, Protocol::Simple)}, RankOptions{});
+  const synth::PlanEntry& e = plan.collectives[0].entries[0];
+  EXPECT_TRUE(e.trials.empty());
+  EXPECT_FALSE(e.native);  // the same configuration as NCCL's own: NCCL decides
+  EXPECT_TRUE(e.nccl->measured);
+  EXPECT_TRUE(ranked[0].refused.empty());
+}
+
+TEST(Ranking, OnlyCommunicatorsWhoseOwnChoiceItIsCountAsNcclsOwn) {
+  synth::PlanFile plan = onePlan();
+  // Communicator 2's NCCL chose Tree/LL; its Ring/Simple rows are not NCCL's own choice.
+  std::vector<MeasuredRow> rows = {row(Algorithm::Ring, Protocol::Simple, 16, 40),
+                                   row(Algorithm::Ring, Protocol::Simple, 16, 400)};
+  rows[1].m.commId = 2;
+  const auto ranked = rankByMeasurements(plan, rows, {ownChoice(Algorithm::Ring, Protocol::Simple)}, RankOptions{});
+  EXPECT_DOUBLE_EQ(*ranked[0].ncclUs, 40);
 }
 
 }  // namespace

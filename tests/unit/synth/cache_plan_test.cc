@@ -351,6 +351,18 @@ TEST_F(CachePlan, AMalformedPlanIsAnErrorNamingTheFileAndTheField) {
          entry(p, 0)["trials"] = {{"calls", -1}, {"candidates", json::array()}};
        },
        "collectives[0].entries[0].trials.calls: expected an integer"},
+      {[&](json& p) {
+         entry(p, 0)["trials"] = {{"calls", 0}, {"candidates", json::array()}};
+       },
+       "collectives[0].entries[0].trials.calls: expected an integer in [1, 1000]"},
+      {[&](json& p) {
+         entry(p, 0)["trials"] = {{"calls", 1001}, {"candidates", json::array()}};
+       },
+       "collectives[0].entries[0].trials.calls: expected an integer in [1, 1000]"},
+      {[&](json& p) {
+         entry(p, 0)["trials"] = {{"calls", 5}, {"candidates", {{{"algorithm", nullptr}, {"channels", 4}}}}};
+       },
+       "collectives[0].entries[0].trials.candidates[0].channels: NCCL's own choice (algorithm null) takes no"},
       // Trials without NCCL's own choice: the cache's own validation.
       {[&](json& p) {
          entry(p, 0)["trials"] = {{"calls", 5}, {"candidates", {{{"algorithm", "Ring"}, {"protocol", "LL"}}}}};

@@ -21,6 +21,9 @@ struct MeasuredRow {
   // The simulator's time for this configuration in the plan the communicator used: the entry's nativeUs when the
   // measured configuration is the entry's decision (channels 0 in the plan match any); nullopt otherwise.
   std::optional<double> predictedUs;
+  // The plan the communicator used set this row's channel count for its (algorithm, protocol) at this size (the
+  // decision or a trial candidate): NCCL did not choose it.
+  bool forced = false;
 };
 
 // Joins measurements with pins and the plans they name (loaded from the segment; a plan that cannot be read gives
