@@ -128,7 +128,9 @@ void Reader::recordChoice(std::uint64_t commId, std::uint8_t coll, std::uint64_t
       ref(rec->protocol).store(protocol, std::memory_order_relaxed);
     }
   }
-  ref(rec->calls).fetch_add(1, std::memory_order_relaxed);
+  if (ref(rec->calls).load(std::memory_order_relaxed) < kChoiceCallsCounted) {
+    ref(rec->calls).fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 std::vector<NcclChoice> Reader::ncclChoices() const {

@@ -210,5 +210,13 @@ TEST_F(SchedCacheChoiceTest, ConcurrentClaimsMakeOneRecordPerKey) {
   EXPECT_EQ(reader_->measureCounters().choiceFull, 0u);
 }
 
+TEST_F(SchedCacheChoiceTest, TheCountStopsSoTheHotPathStopsWriting) {
+  for (std::uint64_t i = 0; i < kChoiceCallsCounted + 100; ++i) reader_->recordChoice(7, kAllGather, 4096, 1, 2);
+  const std::vector<NcclChoice> choices = reader_->ncclChoices();
+  ASSERT_EQ(choices.size(), 1u);
+  EXPECT_EQ(choices[0].calls, kChoiceCallsCounted);
+  EXPECT_EQ(choices[0].algorithm, core::Algorithm::Ring);
+}
+
 }  // namespace
 }  // namespace optiflow::schedcache

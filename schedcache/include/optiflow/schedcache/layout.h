@@ -257,6 +257,9 @@ inline constexpr std::uint32_t kChoiceProbes = 8;
 // changing it. key (atomic_ref) 0 while free; claimed by CAS to choiceKey(...), then fields written, ready set
 // (release). algorithm and protocol are stored one after the other: should NCCL's choice change between calls, a reader
 // may briefly pair one call's algorithm with another's protocol (the daemon reads them long after the calls).
+// A choice's count stops here: every rank of a communicator updates the same record on every call, and a count that
+// no longer changes leaves that cache line clean.
+inline constexpr std::uint64_t kChoiceCallsCounted = 1024;
 struct ChoiceRecord {
   std::uint64_t key;
   std::uint64_t commId;
@@ -266,7 +269,7 @@ struct ChoiceRecord {
   std::int8_t protocol;     // atomic_ref
   std::uint8_t ready;       // atomic_ref
   std::uint32_t reserved;
-  std::uint64_t calls;  // atomic_ref: calls seen
+  std::uint64_t calls;  // atomic_ref: calls seen, up to kChoiceCallsCounted
 };
 static_assert(std::is_trivially_copyable_v<ChoiceRecord> && sizeof(ChoiceRecord) == 40);
 static_assert(offsetof(ChoiceRecord, sizeBytes) == 16 && offsetof(ChoiceRecord, coll) == 24);
