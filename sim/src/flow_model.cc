@@ -13,13 +13,16 @@ constexpr std::size_t kScanLinks = 512;
 
 }  // namespace
 
-void FlowModel::init(const Network& net, const SimParams& p, const std::vector<int>& paths) {
+void FlowModel::init(const Network& net, const SimParams& p, const std::vector<int>& paths,
+                     const std::vector<double>* share) {
   paths_ = &paths;
   const auto& links = net.links();
   const std::size_t nl = links.size();
   cap_.resize(nl);
+  fullCap_.resize(nl);
   for (std::size_t l = 0; l < nl; ++l) {
-    cap_[l] = links[l].bandwidthGBps * 1e3 * p.linkEfficiency[static_cast<int>(hopClassOf(links[l].kind))];
+    fullCap_[l] = links[l].bandwidthGBps * 1e3 * p.linkEfficiency[static_cast<int>(hopClassOf(links[l].kind))];
+    cap_[l] = share ? fullCap_[l] * (*share)[l] : fullCap_[l];
   }
   sumMax_.assign(nl, 0);
   linkFlows_.assign(nl, {});
@@ -85,7 +88,11 @@ void FlowModel::recompute(double now) {
   }
   if (compFlows_.empty()) return;
   if (compFlows_.size() == 1) {
-    newRate_[compFlows_[0]] = flows_[compFlows_[0]].maxRate;  // alone: its own bottleneck
+    // Alone: its own bottleneck, or a link whose capacity the share scaled below it.
+    const int f = compFlows_[0];
+    double r = flows_[f].maxRate;
+    for (int l : flowPath(f)) r = std::min(r, cap_[l]);
+    newRate_[f] = r;
     applyRates(now);
     return;
   }

@@ -48,7 +48,10 @@ class FlowModel {
  public:
   // Link capacities (raw bandwidth x SimParams::linkEfficiency of its class, in bytes per us). `paths` holds the
   // link ids of every connection's path; flows refer into it, so it must outlive the model and not change.
-  void init(const Network& net, const SimParams& p, const std::vector<int>& paths);
+  // `share`, when given, scales each link's capacity for the sharing (a folded simulation: a link all nodes share
+  // carries every node's copy of a flow, docs/simulator.md "Symmetric schedules"); fullCapacity() is unscaled.
+  void init(const Network& net, const SimParams& p, const std::vector<int>& paths,
+            const std::vector<double>* share = nullptr);
 
   // A new flow for step instance `inst` over paths[pathStart, pathStart + pathLen) with `wire` bytes, at most
   // `maxRate` bytes per us, at time `now`; returns its id. Its rate is set by the next flush(); a flow with no
@@ -73,6 +76,7 @@ class FlowModel {
 
   // Per link (Network link id): effective capacity (bytes per us), wire bytes of drained flows, time with >= 1 flow.
   const std::vector<double>& capacity() const { return cap_; }
+  const std::vector<double>& fullCapacity() const { return fullCap_; }
   const std::vector<double>& linkBytes() const { return linkBytes_; }
   const std::vector<double>& busyUs() const { return busyUs_; }
 
@@ -94,8 +98,9 @@ class FlowModel {
   const std::vector<int>* paths_ = nullptr;
   std::vector<Flow> flows_;
   std::vector<int> freeFlows_;
-  std::vector<Drain> drains_;  // the drain events the last start/finish asks for, in the order to push them
-  std::vector<double> cap_;    // effective wire bytes per us
+  std::vector<Drain> drains_;    // the drain events the last start/finish asks for, in the order to push them
+  std::vector<double> cap_;      // effective wire bytes per us, scaled by the share
+  std::vector<double> fullCap_;  // effective wire bytes per us
   std::vector<double> sumMax_;
   std::vector<std::vector<int>> linkFlows_;
   std::vector<double> busySince_, busyUs_, linkBytes_;

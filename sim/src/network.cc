@@ -454,6 +454,23 @@ Path Network::path(int src, int dst) const {
   return p;
 }
 
+int Network::linkNode(int linkId) const {
+  const int perNode = topo_.nodes * lPerNode_;
+  if (linkId < perNode) return lPerNode_ > 0 ? linkId / lPerNode_ : -1;
+  if (topo_.inter.kind == core::InterFabricKind::RailOptimized) return -1;
+  // Fat tree: one leaf per node, its uplink and downlink added one after the other, in leaf order.
+  const std::size_t leaf = static_cast<std::size_t>(linkId - perNode) / 2;
+  return leaf < leafUp_.size() ? static_cast<int>(leaf) : -1;
+}
+
+int Network::linkAtNode(int linkId, int node) const {
+  const int own = linkNode(linkId);
+  if (own < 0) return linkId;
+  if (linkId < topo_.nodes * lPerNode_) return linkId + (node - own) * lPerNode_;
+  const auto to = static_cast<std::size_t>(node);
+  return linkId == leafUp_[static_cast<std::size_t>(own)] ? leafUp_[to] : leafDown_[to];
+}
+
 double Network::pathLatencyUs(int src, int dst) const {
   double s = 0;
   for (int l : path(src, dst)) s += links_[l].latencyUs;

@@ -180,6 +180,29 @@ class EventHeap {
   std::vector<std::size_t> pos_;  // per flow: index of its drain event in h_, or kNone
 };
 
+// Whether rank b's program is rank a's with every peer renumbered by mapRank: the same blocks in the same order (ids,
+// channels, peers), the same steps (ops, counts, dependencies). Buffers and offsets do not enter the timing.
+template <class MapRank>
+bool sameShape(const core::RankProgram& a, const core::RankProgram& b, int n, const MapRank& mapRank) {
+  if (a.threadBlocks.size() != b.threadBlocks.size()) return false;
+  auto peer = [&](int p) { return p == -1 ? -1 : mapRank(p); };
+  for (std::size_t i = 0; i < a.threadBlocks.size(); ++i) {
+    const core::ThreadBlock& x = a.threadBlocks[i];
+    const core::ThreadBlock& y = b.threadBlocks[i];
+    if (x.id != y.id || x.channel != y.channel || x.steps.size() != y.steps.size()) return false;
+    for (int p : {x.sendPeer, x.recvPeer}) {
+      if (p != -1 && (p < 0 || p >= n)) return false;
+    }
+    if (peer(x.sendPeer) != y.sendPeer || peer(x.recvPeer) != y.recvPeer) return false;
+    for (std::size_t k = 0; k < x.steps.size(); ++k) {
+      const core::Step& u = x.steps[k];
+      const core::Step& v = y.steps[k];
+      if (u.op != v.op || u.count != v.count || u.deps != v.deps) return false;
+    }
+  }
+  return true;
+}
+
 class Engine {
  public:
   Engine(const core::Schedule& s, const Network& net, std::uint64_t size, const SimParams& p)
@@ -227,8 +250,32 @@ class Engine {
   // A flow's top rate on connection `c`: the protocol's cap (if any) and every link's effective capacity.
   double maxFlowRate(int c) const {
     double mx = p_.flowCapGBps[proto_] > 0 ? p_.flowCapGBps[proto_] * 1e3 / eff_ : kInf;
-    for (int l : connPath(c)) mx = std::min(mx, flows_.capacity()[l]);
+    for (int l : connPath(c)) mx = std::min(mx, flows_.fullCapacity()[l]);
     return mx;
+  }
+
+  // Folding (docs/simulator.md "Symmetric schedules"): `rank` seen from `node`, i.e. renumbered by the group element
+  // that takes `node` to node 0.
+  // Folding (docs/simulator.md "Symmetric schedules"): `rank` renumbered by the group element that takes `node` to
+  // the simulated node standing for it (node % period).
+  int fromNode(int node, int rank) const {
+    const core::Topology& t = net_.topology();
+    const int m = t.nodeOf(rank);
+    const int shift = node - node % sym_.period;
+    return t.rankOf(sym_.kind == NodeSymmetry::Kind::Xor ? m ^ shift : (m - shift + t.nodes) % t.nodes,
+                    t.localOf(rank));
+  }
+  // The link a simulated flow shares for `l`: the same link of the simulated node standing for l's node.
+  int foldedLink(int l) const {
+    const int node = net_.linkNode(l);
+    return node < 0 ? l : net_.linkAtNode(l, node % sym_.period);
+  }
+  void clearLayout() {
+    blocks_.clear();
+    steps_.clear();
+    deps_.clear();
+    conns_.clear();
+    connPaths_.clear();
   }
 
   int instOf(int iter, int g) const { return iter * nSteps_ + g; }
@@ -243,6 +290,9 @@ class Engine {
   const Network& net_;
   std::uint64_t size_;
   const SimParams& p_;
+  NodeSymmetry sym_;
+  int fold_ = 1;             // nodes each simulated node stands for (1: every rank is simulated)
+  bool unfoldable_ = false;  // a folded path crosses one link twice: simulate every rank instead
   int proto_ = 0;
   double eff_ = 1;
   double slice_ = 0;
@@ -290,11 +340,14 @@ std::string Engine::prepare() {
     return fmt::format("schedule '{}' declares {} ranks but has {} rank programs", s_.name, n, s_.ranks.size());
   }
   if (s_.chunksPerLoop <= 0) return fmt::format("chunksPerLoop must be positive, got {}", s_.chunksPerLoop);
+  // Folded, only the ranks of nodes 0 .. period-1 are laid out; every other rank runs the same program (nodeSymmetry
+  // checked it).
+  const int simulated = fold_ > 1 ? sym_.period * net_.topology().gpusPerNode : n;
 
   // Blocks and steps.
   std::uint64_t total = 0;
-  for (const auto& rp : s_.ranks) {
-    for (const auto& tb : rp.threadBlocks) total += tb.steps.size();
+  for (int r = 0; r < simulated; ++r) {
+    for (const auto& tb : s_.ranks[r].threadBlocks) total += tb.steps.size();
   }
   if (total > static_cast<std::uint64_t>(std::numeric_limits<int>::max() / 2) || total > p_.maxStepInstances) {
     return fmt::format("schedule has {} steps, above the simulator's limit of {} (SimParams::maxStepInstances)", total,
@@ -302,8 +355,8 @@ std::string Engine::prepare() {
   }
   nSteps_ = static_cast<int>(total);
   steps_.resize(total);
-  std::vector<std::vector<int>> rankBlocks(n);  // global block indices per rank
-  for (int r = 0; r < n; ++r) {
+  std::vector<std::vector<int>> rankBlocks(simulated);  // global block indices per rank
+  for (int r = 0; r < simulated; ++r) {
     const auto& rp = s_.ranks[r];
     for (int b = 0; b < static_cast<int>(rp.threadBlocks.size()); ++b) {
       const auto& tb = rp.threadBlocks[b];
@@ -397,7 +450,10 @@ std::string Engine::prepare() {
       it->second.first = gb;
     }
     if (anyRecv) {
-      auto k = key(tb.recvPeer, bi.rank, tb.channel);
+      // Folded, a connection is known by its image whose sender is on node 0.
+      auto k = fold_ > 1 ? key(fromNode(net_.topology().nodeOf(tb.recvPeer), tb.recvPeer),
+                               fromNode(net_.topology().nodeOf(tb.recvPeer), bi.rank), tb.channel)
+                         : key(tb.recvPeer, bi.rank, tb.channel);
       auto [it, fresh] = connBlocks.try_emplace(k, -1, -1);
       if (fresh) keyOrder.push_back(k);
       if (it->second.second >= 0) {
@@ -439,10 +495,16 @@ std::string Engine::prepare() {
     double lat = 0;
     int cls = 0;
     for (int l : path) {
-      connPaths_.push_back(l);
+      // Folded, a flow shares the links of node 0 (and the shared ones) with the images of every other flow.
+      const int at = fold_ > 1 ? foldedLink(l) : l;
+      for (int i = c.pathStart; fold_ > 1 && i < static_cast<int>(connPaths_.size()); ++i) {
+        if (connPaths_[static_cast<std::size_t>(i)] == at) unfoldable_ = true;
+      }
+      connPaths_.push_back(at);
       lat += net_.link(l).latencyUs;
       cls = std::max(cls, static_cast<int>(hopClassOf(net_.link(l).kind)));
     }
+    if (unfoldable_) return "unfoldable";
     c.cls = cls;
     c.hopUs = std::max(lat, p_.hopLatencyUs[cls][proto_]);
     if (cls == static_cast<int>(HopClass::Net)) {
@@ -696,7 +758,17 @@ std::string Engine::setUp() {
   }
   if (!(p_.iterationChunkBytes[proto_] > 0)) return "SimParams::iterationChunkBytes must be positive";
   slice_ = std::max(0.0, p_.sliceBytes[proto_]);
-  if (std::string err = prepare(); !err.empty()) return err;
+  sym_ = p_.foldSymmetricNodes ? nodeSymmetry(s_, net_) : NodeSymmetry{};
+  fold_ = sym_.fold;
+  std::string err = prepare();
+  if (unfoldable_) {
+    clearLayout();
+    unfoldable_ = false;
+    sym_ = NodeSymmetry{};
+    fold_ = 1;
+    err = prepare();
+  }
+  if (!err.empty()) return err;
 
   chunkBytes_ = static_cast<double>(size_) / s_.chunksPerLoop;
   const double iters = std::max(1.0, std::ceil(chunkBytes_ / p_.iterationChunkBytes[proto_]));
@@ -710,7 +782,16 @@ std::string Engine::setUp() {
   exactIters_ = static_cast<int>(std::max<std::uint64_t>(1, k));
   t0_ = std::max(0.0, p_.launchUs) + std::max(0.0, p_.baseLatencyUs[proto_]);
 
-  flows_.init(net_, p_, connPaths_);
+  if (fold_ > 1) {
+    // A link all nodes share carries every node's image of each flow on it.
+    std::vector<double> share(net_.links().size(), 1.0);
+    for (std::size_t l = 0; l < share.size(); ++l) {
+      if (net_.linkNode(static_cast<int>(l)) < 0) share[l] = 1.0 / fold_;
+    }
+    flows_.init(net_, p_, connPaths_, &share);
+  } else {
+    flows_.init(net_, p_, connPaths_);
+  }
   return {};
 }
 
@@ -728,6 +809,7 @@ SimResult Engine::run() {
   r.startUs = t0_;
   r.events = events_;
   r.steps = static_cast<std::uint64_t>(nSteps_) * exactIters_;
+  r.symmetry = sym_;
 
   // Deadlock: steps that never completed.
   const std::size_t ni = static_cast<std::size_t>(nSteps_) * exactIters_;
@@ -789,18 +871,21 @@ SimResult Engine::run() {
   r.algbwGBps = core::gbps(static_cast<double>(size_), r.timeUs);
   r.busbwGBps = r.algbwGBps * core::busBandwidthFactor(s_.collective, s_.nRanks);
 
-  // Links.
+  // Links. Folded, every node's link saw what node 0's did, and a shared link every node's images of its flows.
   const double scale = static_cast<double>(iterations_) / exactIters_;
   const double exactSpan = makespan - t0_;
   const double fullSpan = total - t0_;
+  const std::vector<double>& fullCap = flows_.fullCapacity();
   r.links.resize(cap.size());
   double bestU = -1;
   for (std::size_t l = 0; l < cap.size(); ++l) {
     auto& u = r.links[l];
-    u.bytes = linkBytes[l] * scale;
-    u.busyUs = busyUs[l];
-    u.busyFraction = exactSpan > 0 ? busyUs[l] / exactSpan : 0;
-    u.utilisation = fullSpan > 0 && cap[l] > 0 ? u.bytes / (cap[l] * fullSpan) : 0;
+    const int at = fold_ > 1 ? foldedLink(static_cast<int>(l)) : static_cast<int>(l);
+    const double images = fold_ > 1 && net_.linkNode(at) < 0 ? fold_ : 1;
+    u.bytes = linkBytes[at] * scale * images;
+    u.busyUs = busyUs[at];
+    u.busyFraction = exactSpan > 0 ? busyUs[at] / exactSpan : 0;
+    u.utilisation = fullSpan > 0 && fullCap[l] > 0 ? u.bytes / (fullCap[l] * fullSpan) : 0;
     if (u.bytes > 0) {
       const bool better =
           u.utilisation > bestU || (u.utilisation == bestU && u.bytes > r.links[r.bottleneckLink].bytes);
@@ -872,6 +957,45 @@ double Engine::lowerBound() {
 }
 
 }  // namespace
+
+std::string_view toString(NodeSymmetry::Kind k) {
+  switch (k) {
+    case NodeSymmetry::Kind::None:
+      return "none";
+    case NodeSymmetry::Kind::Cyclic:
+      return "cyclic";
+    case NodeSymmetry::Kind::Xor:
+      return "xor";
+  }
+  return "?";
+}
+
+NodeSymmetry nodeSymmetry(const core::Schedule& schedule, const Network& network) {
+  const core::Topology& t = network.topology();
+  const int n = t.nRanks();
+  const int nodes = t.nodes;
+  if (nodes < 2 || schedule.nRanks != n || static_cast<int>(schedule.ranks.size()) != n) return {};
+  auto invariant = [&](auto nodeMap) {
+    auto mapRank = [&](int r) { return t.rankOf(nodeMap(t.nodeOf(r)), t.localOf(r)); };
+    for (int r = 0; r < n; ++r) {
+      if (!sameShape(schedule.ranks[r], schedule.ranks[mapRank(r)], n, mapRank)) return false;
+    }
+    return true;
+  };
+  const bool powerOfTwo = (nodes & (nodes - 1)) == 0;
+  for (int period = 1; period <= nodes / 2; ++period) {
+    if (nodes % period != 0) continue;
+    // A shift by `period` generates the shifts by its multiples; the bits from `period` up generate the xors.
+    if (invariant([&](int m) { return (m + period) % nodes; })) {
+      return {NodeSymmetry::Kind::Cyclic, period, nodes / period};
+    }
+    if (!powerOfTwo || (period & (period - 1)) != 0 || nodes <= 2) continue;
+    bool all = true;
+    for (int bit = period; all && bit < nodes; bit <<= 1) all = invariant([bit](int m) { return m ^ bit; });
+    if (all) return {NodeSymmetry::Kind::Xor, period, nodes / period};
+  }
+  return {};
+}
 
 SimResult simulate(const core::Schedule& schedule, const Network& network, std::uint64_t sizeBytes,
                    const SimParams& params) {

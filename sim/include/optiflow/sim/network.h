@@ -134,6 +134,14 @@ class Network {
   // The smallest raw bandwidth along the path (0 for an empty path).
   double pathBandwidthGBps(int srcRank, int dstRank) const;
 
+  // Node symmetry (the simulator's folding, docs/simulator.md "Symmetric schedules"): every node is alike, so a
+  // renumbering of the nodes maps links to links. A link of node n (and, on a fat tree, the uplink and downlink of
+  // node n's leaf) goes to the same link of the node n is renumbered to; the links shared by all nodes (a rail
+  // leaf's uplink and downlink) stay where they are. linkNode: the node a link belongs to in that sense, -1 for a
+  // shared link; linkAtNode: the same link of another node (a shared link itself).
+  int linkNode(int linkId) const;
+  int linkAtNode(int linkId, int node) const;
+
   // Vertex ids by role (-1 when absent).
   int nicVertex(int node, int nicIndex) const;
   int spineVertex() const { return spine_; }

@@ -113,7 +113,28 @@ struct SimParams {
   std::optional<core::Protocol> protocol;
   // Keep at most this many entries of the critical path (the ones nearest the end).
   std::size_t maxCriticalPath = 100000;
+  // Simulate one node for all of them where the schedule is node-symmetric (nodeSymmetry): the same result,
+  // docs/simulator.md "Symmetric schedules"; off, every rank is simulated.
+  bool foldSymmetricNodes = true;
 };
+
+// How a schedule looks alike from many nodes of its cluster: renumbering the nodes by every shift by a multiple of
+// `period` (Cyclic), or every xor with a multiple of it (Xor, power-of-two node counts), gives every rank the program
+// of the rank it is renumbered to, with peers renumbered alike. The nodes are all alike too, so every node's ranks run
+// the steps of the node in 0 .. period-1 they are renumbered to, at the same times: simulating those nodes is exact
+// (NCCL's rings, which alternate direction from node to node, have period 2; most programs period 1).
+struct NodeSymmetry {
+  enum class Kind : std::uint8_t { None, Cyclic, Xor };
+  Kind kind = Kind::None;
+  int period = 0;  // the nodes 0 .. period-1 stand for all
+  int fold = 1;    // nodes / period: how many nodes each simulated node stands for
+  friend bool operator==(const NodeSymmetry&, const NodeSymmetry&) = default;
+};
+std::string_view toString(NodeSymmetry::Kind k);
+// The symmetry simulate() folds, with the least period (kind None on one node, for a malformed schedule, or where no
+// period below the node count fits). Compares what the timing reads of every rank program (blocks, peers, channels,
+// ops, counts, dependencies): a pass over the steps per period tried (and per bit, for Xor).
+NodeSymmetry nodeSymmetry(const core::Schedule& schedule, const Network& network);
 
 struct LinkUsage {
   double bytes = 0;         // wire bytes carried (protocol overhead included), all iterations
@@ -165,6 +186,8 @@ struct SimResult {
   std::vector<CriticalStep> criticalPath;  // first to last; the last entry is the last step to finish
   std::uint64_t steps = 0;                 // step instances simulated
   std::uint64_t events = 0;                // events processed
+  NodeSymmetry symmetry;  // folded (kind != None): only the ranks of nodes 0 .. period-1 were simulated (steps, events,
+                          // the critical path)
 };
 
 // Never throws for a bad schedule and never crashes: problems (rank count different from the network's, bad
