@@ -93,6 +93,11 @@ int runSimulate(const std::string& scheduleFile, const PerfArgs& a) {
   if (!a.json) {
     fmt::print("{} ({} on {} ranks) on {}\n", scheduleFile, core::toString(s.collective), s.nRanks,
                setup->topology.name);
+    const sim::NodeSymmetry sym = setup->params.foldSymmetricNodes ? sim::nodeSymmetry(s, *net) : sim::NodeSymmetry{};
+    if (sym.kind != sim::NodeSymmetry::Kind::None) {
+      fmt::print("node-symmetric ({}, period {}): {} of {} nodes simulated, the result is the full simulation's\n",
+                 sim::toString(sym.kind), sym.period, sym.period, setup->topology.nodes);
+    }
     fmt::print("{:>10} {:>7} {:>12} {:>11} {:>11} {:>12} {:>11}  {}\n", "size", "proto", "time_us", "algbw_GB/s",
                "busbw_GB/s", "bound_us", "bound_busbw", "bottleneck link");
   }

