@@ -208,11 +208,14 @@ bool Reader::check(std::vector<std::string>* report) const {
 
 namespace {
 
+constexpr int kChangingWaits = 200;
+
 // Finds the slot holding plan `hash` (0: the current one) and copies it. kOk, or the status to return.
 Status findAndRead(const Segment& segment, const std::string& ns, std::uint64_t hash, detail::SlotCopy* copy,
                    std::uint32_t* slotOut, std::string* detail) {
   Status last = Status::kTorn;
   std::string lastDetail;
+  int waits = 0;  // for a slot being written that may hold `hash`
   for (int attempt = 0; attempt < detail::kReadAttempts; ++attempt) {
     std::uint32_t slot = kNoSlot;
     if (hash == 0) {
@@ -232,11 +235,20 @@ Status findAndRead(const Segment& segment, const std::string& ns, std::uint64_t 
         PlanSlotHeader h{};
         const auto state = detail::peekSlot(segment.slots[s], &h, 2);
         if (state == detail::SlotState::kComplete && h.contentHash == hash) slot = s;
-        if (state == detail::SlotState::kChanging) changing = true;
+        // A slot that is odd throughout may be the one holding `hash`: a republish of the same plan rewrites its
+        // header in place.
+        if (state == detail::SlotState::kChanging || state == detail::SlotState::kOdd) changing = true;
       }
       if (slot == kNoSlot) {
-        if (changing) continue;
-        setDetail(detail, segmentPath(ns) + ": no slot holds plan " + formatHash(hash));
+        // A write takes microseconds, but its writer can be descheduled in the middle: wait up to about 0.2 s (the
+        // tuner's init, not a hot path) rather than fail a communicator over it.
+        if (changing && waits++ < kChangingWaits) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          --attempt;
+          continue;
+        }
+        setDetail(detail, segmentPath(ns) + ": no slot holds plan " + formatHash(hash) +
+                              (changing ? " (a slot stayed mid-write for 0.2 s: its writer is stuck or died)" : ""));
         return Status::kNotFound;
       }
     }

@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -16,6 +18,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -475,6 +478,35 @@ TEST_F(SchedCacheTest, PublishAttachLoadRoundTrip) {
   EXPECT_EQ(report[(pub.slot + 1) % kPlanSlots], "slot " + std::to_string((pub.slot + 1) % kPlanSlots) + ": empty");
 }
 
+// A rank adopting its communicator's plan by hash while the writer republishes that same plan (which rewrites the
+// slot's header in place, leaving the slot odd for that moment) must wait for the writer, not report the plan
+// missing: that failed the communicator's init (ConsistencyTest found it under load).
+TEST_F(SchedCacheTest, LoadByHashWaitsForASlotBeingRewritten) {
+  auto w = openWriter();
+  ASSERT_NE(w, nullptr);
+  const PublishResult pub = publish(*w, makePlan(1));
+  auto r = attach();
+  ASSERT_NE(r, nullptr);
+  RawSegment raw(path());
+  ASSERT_TRUE(raw.ok());
+  std::atomic_ref<std::uint64_t> seq(raw->slots[pub.slot].header.seq);
+  const std::uint64_t even = seq.load();
+  ASSERT_EQ(even % 2, 0u);
+  seq.store(even + 1);  // the writer is in the middle of the slot
+  std::thread writer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    seq.store(even + 2);  // and done: the same plan, a new sequence
+  });
+  CommPlan cp;
+  std::string detail;
+  EXPECT_EQ(r->loadComm(pub.hash, 8, 1, &cp, &detail), Status::kOk) << detail;
+  EXPECT_EQ(cp.planHash, pub.hash);
+  writer.join();
+  // A slot that stays odd (its writer died mid-write) still ends in an answer, after the bounded wait.
+  seq.store(even + 3);
+  EXPECT_EQ(r->loadComm(pub.hash, 8, 1, &cp, &detail), Status::kNotFound);
+  EXPECT_NE(detail.find("stayed mid-write"), std::string::npos) << detail;
+}
 TEST_F(SchedCacheTest, FindAtRangeEdges) {
   auto w = openWriter();
   ASSERT_NE(w, nullptr);
