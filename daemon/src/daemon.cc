@@ -382,6 +382,7 @@ class DaemonImpl final : public Daemon {
     }
     try {
       exportMeasurements(metrics_, joinMeasurements(*measuredReader_));
+      exportMeasureCounters(metrics_, measuredReader_->measureCounters());
     } catch (const std::exception& e) {
       spdlog::warn("measurements: {}", e.what());
     }

@@ -109,6 +109,19 @@ void describeMeasurementMetrics(Metrics& m) {
              "Median GPU time of a collective per communicator (NVIDIA Inspector's name)");
   m.describe("nccl_bus_bandwidth_gbs", "gauge",
              "Bus bandwidth of a collective per communicator, GB/s (Inspector's name)");
+  m.describe("optiflowd_measurements_dropped_total", "counter",
+             "Collectives or calls the node's profiler and tuner plugins could not record, by reason");
+}
+
+void exportMeasureCounters(Metrics& metrics, const schedcache::MeasureCounters& c) {
+  const std::pair<const char*, std::uint64_t> reasons[] = {{"untimed", c.untimed},
+                                                           {"pool_full", c.poolFull},
+                                                           {"table_full", c.tableFull},
+                                                           {"foreign", c.foreign},
+                                                           {"choice_full", c.choiceFull}};
+  for (const auto& [reason, count] : reasons) {
+    metrics.set("optiflowd_measurements_dropped_total", static_cast<double>(count), promLabels({{"reason", reason}}));
+  }
 }
 
 void exportMeasurements(Metrics& metrics, const std::vector<MeasuredRow>& rows) {

@@ -112,5 +112,24 @@ TEST(MeasuredHelpers, BusBandwidthFactorsAndSizeBuckets) {
   EXPECT_EQ(messageSizeBucket(1 << 20), "1-2MB");
 }
 
+TEST_F(Measured, WhatThePluginsCouldNotRecordIsExportedByReason) {
+  Metrics metrics;
+  describeMeasurementMetrics(metrics);
+  exportMeasureCounters(metrics, reader_->measureCounters());
+  EXPECT_EQ(metrics.get("optiflowd_measurements_dropped_total", promLabels({{"reason", "choice_full"}})), 0.0);
+  // Two communicators finalize, as the plugins add their counts then.
+  reader_->addMeasureCounters({.untimed = 3, .poolFull = 0, .tableFull = 2, .foreign = 1, .choiceFull = 5});
+  reader_->addMeasureCounters({.untimed = 1, .poolFull = 4, .tableFull = 0, .foreign = 0, .choiceFull = 2});
+  exportMeasureCounters(metrics, reader_->measureCounters());
+  EXPECT_EQ(metrics.get("optiflowd_measurements_dropped_total", promLabels({{"reason", "untimed"}})), 4.0);
+  EXPECT_EQ(metrics.get("optiflowd_measurements_dropped_total", promLabels({{"reason", "pool_full"}})), 4.0);
+  EXPECT_EQ(metrics.get("optiflowd_measurements_dropped_total", promLabels({{"reason", "table_full"}})), 2.0);
+  EXPECT_EQ(metrics.get("optiflowd_measurements_dropped_total", promLabels({{"reason", "foreign"}})), 1.0);
+  EXPECT_EQ(metrics.get("optiflowd_measurements_dropped_total", promLabels({{"reason", "choice_full"}})), 7.0);
+  const std::string text = metrics.renderPrometheus();
+  EXPECT_NE(text.find("# TYPE optiflowd_measurements_dropped_total counter"), std::string::npos) << text;
+  EXPECT_NE(text.find("optiflowd_measurements_dropped_total{reason=\"choice_full\"} 7"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace optiflow::daemon

@@ -45,6 +45,9 @@ std::string messageSizeBucket(std::uint64_t bytes);
 //   nccl_bus_bandwidth_gbs{same labels}                                       size / median x busBandwidthFactor
 // (comm_name is the communicator id in 16 hex digits: the profiler sees no communicator names across processes.)
 void exportMeasurements(Metrics& metrics, const std::vector<MeasuredRow>& rows);
+// optiflowd_measurements_dropped_total{reason}: what the node's profilers and tuners could not record
+// (MeasureCounters: untimed, pool_full, table_full, foreign, choice_full), so a full table shows on a dashboard.
+void exportMeasureCounters(Metrics& metrics, const schedcache::MeasureCounters& counters);
 void describeMeasurementMetrics(Metrics& metrics);
 
 }  // namespace optiflow::daemon
