@@ -205,8 +205,9 @@ bool sameShape(const core::RankProgram& a, const core::RankProgram& b, int n, co
 
 class Engine {
  public:
-  Engine(const core::Schedule& s, const Network& net, std::uint64_t size, const SimParams& p)
-      : s_(s), net_(net), size_(size), p_(p) {}
+  // `sym`: nodeSymmetry(s, net), found once by the caller (simulate() may run several engines on one schedule).
+  Engine(const core::Schedule& s, const Network& net, std::uint64_t size, const SimParams& p, NodeSymmetry sym)
+      : s_(s), net_(net), size_(size), p_(p), sym_(sym), fold_(sym.fold) {}
 
   SimResult run();
   double lowerBound();
@@ -254,8 +255,6 @@ class Engine {
     return mx;
   }
 
-  // Folding (docs/simulator.md "Symmetric schedules"): `rank` seen from `node`, i.e. renumbered by the group element
-  // that takes `node` to node 0.
   // Folding (docs/simulator.md "Symmetric schedules"): `rank` renumbered by the group element that takes `node` to
   // the simulated node standing for it (node % period).
   int fromNode(int node, int rank) const {
@@ -758,8 +757,6 @@ std::string Engine::setUp() {
   }
   if (!(p_.iterationChunkBytes[proto_] > 0)) return "SimParams::iterationChunkBytes must be positive";
   slice_ = std::max(0.0, p_.sliceBytes[proto_]);
-  sym_ = p_.foldSymmetricNodes ? nodeSymmetry(s_, net_) : NodeSymmetry{};
-  fold_ = sym_.fold;
   std::string err = prepare();
   if (unfoldable_) {
     clearLayout();
@@ -997,17 +994,26 @@ NodeSymmetry nodeSymmetry(const core::Schedule& schedule, const Network& network
   return {};
 }
 
+namespace {
+
+NodeSymmetry foldingOf(const core::Schedule& schedule, const Network& network, const SimParams& params) {
+  return params.foldSymmetricNodes ? nodeSymmetry(schedule, network) : NodeSymmetry{};
+}
+
+}  // namespace
+
 SimResult simulate(const core::Schedule& schedule, const Network& network, std::uint64_t sizeBytes,
                    const SimParams& params) {
   try {
     // Extrapolation from the exactly simulated iterations is only sound once they take equal time; pipelines
     // such as trees and chains take longer to settle, so simulate more of them until they do.
     SimParams p = params;
-    SimResult r = Engine(schedule, network, sizeBytes, p).run();
+    const NodeSymmetry sym = foldingOf(schedule, network, p);
+    SimResult r = Engine(schedule, network, sizeBytes, p, sym).run();
     while (r.ok && r.extrapolated && !r.steady && r.simulatedIterations == p.maxExactIterations &&
            p.maxExactIterations < kMaxAdaptiveIterations) {
       p.maxExactIterations = std::min(kMaxAdaptiveIterations, p.maxExactIterations * 2);
-      r = Engine(schedule, network, sizeBytes, p).run();
+      r = Engine(schedule, network, sizeBytes, p, sym).run();
     }
     return r;
   } catch (const std::bad_alloc&) {
@@ -1020,7 +1026,7 @@ SimResult simulate(const core::Schedule& schedule, const Network& network, std::
 double lowerBoundUs(const core::Schedule& schedule, const Network& network, std::uint64_t sizeBytes,
                     const SimParams& params) {
   try {
-    return Engine(schedule, network, sizeBytes, params).lowerBound();
+    return Engine(schedule, network, sizeBytes, params, foldingOf(schedule, network, params)).lowerBound();
   } catch (const std::exception&) {
     return 0;
   }

@@ -125,7 +125,8 @@ class HeapReuse {
   }
   ~HeapReuse() {
 #if defined(__GLIBC__)
-    mallopt(M_MMAP_THRESHOLD, 128 << 10);  // glibc's defaults
+    // glibc's starting values (its mmap threshold no longer adapts once it has been set).
+    mallopt(M_MMAP_THRESHOLD, 128 << 10);
     mallopt(M_TRIM_THRESHOLD, 128 << 10);
     mallopt(M_TOP_PAD, 128 << 10);
     malloc_trim(0);
