@@ -10,6 +10,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include "optiflow/compiler/scheduler.h"
 #include "optiflow/compiler/verifier.h"
 #include "optiflow/core/fixtures.h"
 #include "optiflow/core/topology.h"
@@ -54,7 +55,33 @@ void compileOnce(benchmark::State& state, bool verify) {
 void BM_CompileHierarchicalAllGather(benchmark::State& state) { compileOnce(state, false); }
 void BM_CompileAndVerifyHierarchicalAllGather(benchmark::State& state) { compileOnce(state, true); }
 
+// The first half of a compile (compiler::compileLayout: routing, fusion, placement, the layout's schedule), which
+// the synthesis loop pays for every option; the rest (ordering, emitting) only for options that may win.
+void BM_LayoutHierarchicalAllGather(benchmark::State& state) {
+  const core::Topology t = core::presetTopology(presetFor(static_cast<int>(state.range(0)))).value();
+  compiler::CompileOptions o;
+  o.sizeBytes = 1 << 30;
+  o.limits = compiler::ExecutorLimits::none();
+  std::size_t blocks = 0;
+  for (auto _ : state) {
+    auto f = synth::parseAndExpand(kHierarchical, "<bench>", t);
+    if (!f.ok()) {
+      state.SkipWithError(f.message.c_str());
+      return;
+    }
+    auto r = compiler::compileLayout(*f.intent, t, o);
+    if (!r.ok()) {
+      state.SkipWithError(r.error().message.c_str());
+      return;
+    }
+    blocks = r->schedule.ranks.front().threadBlocks.size();
+    benchmark::DoNotOptimize(r->schedule.ranks.data());
+  }
+  state.counters["blocks_rank0"] = static_cast<double>(blocks);
+}
+
 BENCHMARK(BM_CompileHierarchicalAllGather)->Arg(32)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_LayoutHierarchicalAllGather)->Arg(32)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_CompileAndVerifyHierarchicalAllGather)->Arg(32)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond);
 
 void verifyRing(benchmark::State& state, const core::Schedule& s) {

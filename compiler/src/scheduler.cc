@@ -503,7 +503,7 @@ void Scheduler::setRecvPeer(int rank, int b, int peer) {
   recvIndex_.emplace(blockKey(rank, blk.channel, peer), b);
 }
 
-bool Scheduler::assign() {
+void Scheduler::place() {
   blocks_.assign(n(), {});
   sendIndex_.clear();
   recvIndex_.clear();
@@ -554,23 +554,35 @@ bool Scheduler::assign() {
     }
     o.tb = best;
   }
-  if (!order()) return false;
+  // Every op but a fused send is one step of its block, whatever the order.
+  std::vector<std::vector<int>> steps(n());
+  for (int r = 0; r < n(); ++r) steps[r].assign(blocks_[r].size(), 0);
+  for (const Op& o : ops_) {
+    if (!o.absorbed) ++steps[o.rank][o.tb];
+  }
   // One block per (peer, direction, channel) means blocks per channel also bound the peers per channel.
   maxSteps_ = maxPerChannel_ = maxPerRank_ = 0;
   std::vector<int> perChannel(ch_);
-  for (auto& bl : blocks_) {
+  for (int r = 0; r < n(); ++r) {
+    const auto& bl = blocks_[r];
     std::fill(perChannel.begin(), perChannel.end(), 0);
-    for (auto& b : bl) {
-      maxSteps_ = std::max(maxSteps_, static_cast<int>(b.ops.size()));
-      ++perChannel[b.channel];
+    for (std::size_t b = 0; b < bl.size(); ++b) {
+      maxSteps_ = std::max(maxSteps_, steps[r][b]);
+      ++perChannel[bl[b].channel];
     }
     maxPerRank_ = std::max(maxPerRank_, static_cast<int>(bl.size()));
     for (int c = 0; c < ch_; ++c) maxPerChannel_ = std::max(maxPerChannel_, perChannel[c]);
   }
-  return true;
 }
 
-Schedule Scheduler::emit() const {
+void Scheduler::keepPlacementOrder() {
+  for (std::size_t i = 0; i < ops_.size(); ++i) {
+    const Op& o = ops_[i];
+    if (!o.absorbed) blocks_[o.rank][o.tb].ops.push_back(static_cast<int>(i));
+  }
+}
+
+Schedule Scheduler::emit(bool deps) const {
   Schedule s;
   s.name = in_.name;
   s.collective = in_.collective;
@@ -650,8 +662,10 @@ Schedule Scheduler::emit() const {
             latest[db] = std::max(latest[db], ds);
           }
         };
-        collect(o);
-        if (o.fusedSend != kNone) collect(ops_[o.fusedSend]);
+        if (deps) {
+          collect(o);
+          if (o.fusedSend != kNone) collect(ops_[o.fusedSend]);
+        }
         std::sort(touched.begin(), touched.end());
         for (int db : touched) {
           st.deps.push_back({db, latest[db]});
@@ -688,9 +702,23 @@ Protocol chooseProtocol(const IntentProgram& intent, std::uint64_t sizeBytes) {
   return Protocol::Simple;
 }
 
-core::Result<CompileResult> compile(const IntentProgram& intent, const Topology& topology,
-                                    const CompileOptions& options) {
-  const auto fail = [](std::string m) { return core::Diagnostic{"<compiler>", 0, 0, std::move(m)}; };
+namespace {
+
+// A scheduler that met the executor's limits, with the protocol, channels and slices it was built with.
+struct Scheduled {
+  std::unique_ptr<detail::Scheduler> sch;
+  Protocol proto = Protocol::Simple;
+  int channels = 1;
+  int slices = 1;
+};
+
+core::Diagnostic failure(std::string m) { return core::Diagnostic{"<compiler>", 0, 0, std::move(m)}; }
+
+// compile()'s work up to the schedule: with `ordered` false, the blocks keep their steps in creation order
+// (compileLayout). Both take the same decisions (pairing, more channels) from the placement, before any order.
+core::Result<Scheduled> schedule(const IntentProgram& intent, const Topology& topology, const CompileOptions& options,
+                                 bool ordered) {
+  const auto fail = failure;
   if (std::string e = core::validateIntent(intent); !e.empty()) return fail("malformed intent program: " + e);
   if (topology.nRanks() != intent.nRanks) {
     return fail(
@@ -724,73 +752,128 @@ core::Result<CompileResult> compile(const IntentProgram& intent, const Topology&
         "rank-chunk pairs and {} transfers: use fewer parts or slices, or a program for fewer ranks",
         intent.nRanks, chunks, hops, kMaxStateEntries, kMaxHops));
   }
-  try {
-    int lastSteps = -1;
-    for (int attempt = 0; attempt < 8; ++attempt) {
-      for (bool paired : {false, true}) {
-        // The fastest ordering first; if its abstract run gets stuck, connections keep creation order; if that
-        // is stuck too (a fused receive-and-forward tied to a later send), no fusion, where every wait points to
-        // an earlier-created step and the run always completes.
-        std::unique_ptr<detail::Scheduler> built;
-        for (int variant = 0; variant < 3; ++variant) {
-          built = std::make_unique<detail::Scheduler>(intent, topology, options, channels, slices, proto, paired);
-          if (variant >= 1) built->keepCreationOrder();
-          if (variant >= 2) built->disableFusion();
-          if (!built->build()) return fail(built->error());
-          if (built->assign()) break;
-          if (variant == 2) return fail(built->error());
+  int lastSteps = -1;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    for (bool paired : {false, true}) {
+      // The fastest ordering first; if its abstract run gets stuck, connections keep creation order; if that is
+      // stuck too (a fused receive-and-forward tied to a later send), no fusion, where every wait points to an
+      // earlier-created step and the run always completes. A layout is not ordered: it is the first variant's.
+      std::unique_ptr<detail::Scheduler> built;
+      for (int variant = 0; variant < 3; ++variant) {
+        built = std::make_unique<detail::Scheduler>(intent, topology, options, channels, slices, proto, paired);
+        if (variant >= 1) built->keepCreationOrder();
+        if (variant >= 2) built->disableFusion();
+        if (!built->build()) return fail(built->error());
+        built->place();
+        if (!ordered) {
+          built->keepPlacementOrder();
+          break;
         }
-        detail::Scheduler& sch = *built;
-        if (sch.maxBlocksPerChannel() > lim.maxBlocksPerChannel || sch.maxBlocksPerRank() > lim.maxBlocksPerRank) {
-          if (!paired) continue;
-          return fail(fmt::format(
-              "a rank needs {} thread blocks on one channel ({} in all); the executor allows {} per channel and {} "
-              "per rank: use fewer peers per rank (e.g. a hierarchical program) or fewer channels",
-              sch.maxBlocksPerChannel(), sch.maxBlocksPerRank(), lim.maxBlocksPerChannel, lim.maxBlocksPerRank));
-        }
-        if (sch.maxBlockSteps() > lim.maxStepsPerBlock) {
-          // More channels spread the chunks of every connection over more blocks (chunk c rides channel c mod
-          // channels); if that did not help last time, it will not now, unless the slices still ride one channel
-          // per chunk (more slices than channels), which stops once the channels catch up with the slices.
-          const int need = std::min(lim.maxChannels, channels * ceilDiv(sch.maxBlockSteps(), lim.maxStepsPerBlock));
-          if (need <= channels || (lastSteps >= 0 && sch.maxBlockSteps() >= lastSteps && slices <= channels)) {
-            return fail(fmt::format(
-                "a thread block needs {} steps with {} channels; the executor allows {} steps per block and {} "
-                "channels: use fewer parts or a program with fewer hops per rank",
-                sch.maxBlockSteps(), channels, lim.maxStepsPerBlock, lim.maxChannels));
-          }
-          lastSteps = sch.maxBlockSteps();
-          channels = need;
-          break;  // rebuild with more channels
-        }
-        CompileResult res;
-        res.schedule = sch.emit();
-        res.protocol = proto;
-        res.channels = channels;
-        res.slices = slices;
-        res.hops = sch.hops();
-        res.fused = sch.fused();
-        res.summary = fmt::format(
-            "{}, {} channel{}, {} slice{} per chunk, {} transfers ({} receive-and-forward), at most {} thread "
-            "blocks and {} steps per block",
-            core::toString(proto), channels, channels == 1 ? "" : "s", slices, slices == 1 ? "" : "s", res.hops,
-            res.fused, sch.maxBlocksPerRank(), sch.maxBlockSteps());
-        if (options.verify) {
-          res.report = verify(res.schedule);
-          if (!res.report.proven) {
-            std::string m = "internal error: the compiled schedule is not proven by the verifier:";
-            for (std::size_t k = 0; k < res.report.errors.size() && k < 3; ++k)
-              m += "\n  " + res.report.errors[k].str();
-            return fail(m);
-          }
-        }
-        return res;
+        if (built->order()) break;
+        if (variant == 2) return fail(built->error());
       }
+      detail::Scheduler& sch = *built;
+      if (sch.maxBlocksPerChannel() > lim.maxBlocksPerChannel || sch.maxBlocksPerRank() > lim.maxBlocksPerRank) {
+        if (!paired) continue;
+        return fail(fmt::format(
+            "a rank needs {} thread blocks on one channel ({} in all); the executor allows {} per channel and {} "
+            "per rank: use fewer peers per rank (e.g. a hierarchical program) or fewer channels",
+            sch.maxBlocksPerChannel(), sch.maxBlocksPerRank(), lim.maxBlocksPerChannel, lim.maxBlocksPerRank));
+      }
+      if (sch.maxBlockSteps() > lim.maxStepsPerBlock) {
+        // More channels spread the chunks of every connection over more blocks (chunk c rides channel c mod
+        // channels); if that did not help last time, it will not now, unless the slices still ride one channel per
+        // chunk (more slices than channels), which stops once the channels catch up with the slices.
+        const int need = std::min(lim.maxChannels, channels * ceilDiv(sch.maxBlockSteps(), lim.maxStepsPerBlock));
+        if (need <= channels || (lastSteps >= 0 && sch.maxBlockSteps() >= lastSteps && slices <= channels)) {
+          return fail(fmt::format(
+              "a thread block needs {} steps with {} channels; the executor allows {} steps per block and {} "
+              "channels: use fewer parts or a program with fewer hops per rank",
+              sch.maxBlockSteps(), channels, lim.maxStepsPerBlock, lim.maxChannels));
+        }
+        lastSteps = sch.maxBlockSteps();
+        channels = need;
+        break;  // rebuild with more channels
+      }
+      return Scheduled{std::move(built), proto, channels, slices};
     }
-  } catch (const std::bad_alloc&) {
-    return fail("out of memory while compiling");
   }
   return fail("could not meet the executor's limits");
+}
+
+// The schedule and its figures from a scheduler whose blocks are ordered.
+core::Result<CompileResult> result(const detail::Scheduler& sch, Protocol proto, int channels, int slices,
+                                   const CompileOptions& options) {
+  CompileResult res;
+  res.schedule = sch.emit();
+  res.protocol = proto;
+  res.channels = channels;
+  res.slices = slices;
+  res.hops = sch.hops();
+  res.fused = sch.fused();
+  res.summary = fmt::format(
+      "{}, {} channel{}, {} slice{} per chunk, {} transfers ({} receive-and-forward), at most {} thread blocks and "
+      "{} steps per block",
+      core::toString(proto), channels, channels == 1 ? "" : "s", slices, slices == 1 ? "" : "s", res.hops, res.fused,
+      sch.maxBlocksPerRank(), sch.maxBlockSteps());
+  if (options.verify) {
+    res.report = verify(res.schedule);
+    if (!res.report.proven) {
+      std::string m = "internal error: the compiled schedule is not proven by the verifier:";
+      for (std::size_t k = 0; k < res.report.errors.size() && k < 3; ++k) m += "\n  " + res.report.errors[k].str();
+      return failure(m);
+    }
+  }
+  return res;
+}
+
+}  // namespace
+
+Layout::Layout() = default;
+Layout::Layout(Layout&&) noexcept = default;
+Layout& Layout::operator=(Layout&&) noexcept = default;
+Layout::~Layout() = default;
+
+core::Result<Layout> compileLayout(const IntentProgram& intent, const Topology& topology,
+                                   const CompileOptions& options) {
+  try {
+    auto scheduled = schedule(intent, topology, options, false);
+    if (!scheduled) return scheduled.error();
+    Layout layout;
+    layout.schedule = scheduled->sch->emit(false);
+    layout.intent_ = &intent;
+    layout.topology_ = &topology;
+    layout.options_ = &options;
+    layout.sch_ = std::move(scheduled->sch);
+    layout.protocol_ = scheduled->proto;
+    layout.channels_ = scheduled->channels;
+    layout.slices_ = scheduled->slices;
+    return layout;
+  } catch (const std::bad_alloc&) {
+    return failure("out of memory while compiling");
+  }
+}
+
+core::Result<CompileResult> compile(Layout&& layout) {
+  try {
+    if (!layout.sch_) return failure("internal error: compile() of a layout that was moved from or compiled");
+    const std::unique_ptr<detail::Scheduler> sch = std::move(layout.sch_);
+    sch->clearOrder();
+    if (sch->order()) return result(*sch, layout.protocol_, layout.channels_, layout.slices_, *layout.options_);
+    // The fused steps cannot be ordered: compile()'s fallbacks (creation order, then no fusion) from the start.
+    auto scheduled = schedule(*layout.intent_, *layout.topology_, *layout.options_, true);
+    if (!scheduled) return scheduled.error();
+    return result(*scheduled->sch, scheduled->proto, scheduled->channels, scheduled->slices, *layout.options_);
+  } catch (const std::bad_alloc&) {
+    return failure("out of memory while compiling");
+  }
+}
+
+core::Result<CompileResult> compile(const IntentProgram& intent, const Topology& topology,
+                                    const CompileOptions& options) {
+  auto layout = compileLayout(intent, topology, options);
+  if (!layout) return layout.error();
+  return compile(std::move(layout).value());
 }
 
 }  // namespace optiflow::compiler

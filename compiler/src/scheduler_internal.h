@@ -86,12 +86,20 @@ class Scheduler {
 
   // Builds hops, ops and dependencies; false with error_ set when the intent is inconsistent.
   bool build();
-  // Fusion, thread-block assignment and the order of every block's steps; false with error_ set when the steps
+  // Fusion and thread-block assignment, and the limits' figures (maxBlockSteps, ...), which do not depend on order.
+  void place();
+  // The order of every block's steps, by list scheduling (scheduler_order.cc); false with error_ set when the steps
   // cannot be ordered (a dependency cycle through a connection's first-in-first-out order).
-  bool assign();
-  // The order of every block's steps, by list scheduling (scheduler_order.cc).
   bool order();
-  Schedule emit() const;
+  // Instead of order(): every block's steps in creation order (compileLayout); clearOrder() empties the blocks again.
+  void keepPlacementOrder();
+  void clearOrder() {
+    for (auto& bl : blocks_) {
+      for (Block& b : bl) b.ops.clear();
+    }
+  }
+  // With `deps` false, the steps wait for nothing (a layout's steps are not ordered).
+  Schedule emit(bool deps = true) const;
 
   // Without fusion every wait points to an earlier-created step, so ordering always succeeds: the fallback.
   void disableFusion() { fuse_ = false; }

@@ -47,70 +47,108 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
         rotated = true;
       }
     }
-    // Every option is compiled and its lower bound taken (one pass over its steps); options are simulated in order
-    // of their bounds, the incumbent's options first. An option whose bound is not below the best time found so far
-    // cannot win, and one whose bound is above the cutoff cannot come near the incumbent: neither is simulated.
+    // Options are simulated in order of their lower bounds (sim::lowerBoundUs), the incumbent's options first. An
+    // option whose bound is not below the best time found so far cannot win, and one whose bound is above the cutoff
+    // cannot come near the incumbent: neither is simulated.
     struct Option {
       std::size_t index;
       compiler::CompileResult compiled;
       double floorUs;
     };
-    std::vector<Option> compiled;
     std::vector<std::string> compileErrors(options.size());
-    auto compileOption = [&](std::size_t i) {
-      auto c = compiler::compile(intent, topology_, options[i]);
+    auto bounded = [&](std::size_t i, core::Result<compiler::CompileResult>&& c) -> std::optional<Option> {
       if (!c) {
         compileErrors[i] = c.error().message;
-        return;
+        return std::nullopt;
       }
       const double floorUs = sim::lowerBoundUs(c->schedule, *network_, sizeBytes, params_);
-      compiled.push_back({i, std::move(c).value(), floorUs});
+      return Option{i, std::move(c).value(), floorUs};
     };
     // The incumbent's options are compiled and simulated alone first: most candidates are screened by them (slower
-    // than the cutoff), and then no other option is looked at. The outcome is what compiling every option up front
-    // and walking them in the order below gives; only the work differs.
+    // than the cutoff), and then no other option is looked at.
+    std::optional<Option> incumbent;
     std::optional<sim::SimResult> incumbentSim;
     if (rotated) {
-      compileOption(0);
-      if (!compiled.empty() && hint.pruneAboveUs > 0 && compiled.front().floorUs <= hint.pruneAboveUs) {
-        incumbentSim = sim::simulate(compiled.front().compiled.schedule, *network_, sizeBytes, params_);
+      incumbent = bounded(0, compiler::compile(intent, topology_, options[0]));
+      if (incumbent && hint.pruneAboveUs > 0 && incumbent->floorUs <= hint.pruneAboveUs) {
+        incumbentSim = sim::simulate(incumbent->compiled.schedule, *network_, sizeBytes, params_);
         if (incumbentSim->ok && incumbentSim->timeUs > hint.pruneAboveUs) {
           best.ok = true;
           best.screened = true;
           best.timeUs = incumbentSim->timeUs;
           best.options = options[0];
-          best.compiled = std::move(compiled.front().compiled);
+          best.compiled = std::move(incumbent->compiled);
           best.sim = std::move(*incumbentSim);
           finish(best, hint);
           return best;
         }
       }
     }
-    for (std::size_t i = rotated ? 1 : 0; i < options.size(); ++i) compileOption(i);
-    std::string firstError;
-    for (const std::string& e : compileErrors) {
-      if (!e.empty()) {
-        firstError = e;
-        break;
+    // The other options are laid out (compiler::compileLayout: half the work of compiling) and compiled only when
+    // their turn may come. A layout's bound is not above the compiled schedule's (the same links carry the same
+    // bytes; a block's steps are the same whatever their order; one exact iteration instead of several), so options
+    // are compiled in order of their layouts' bounds, each once no option compiled so far can come before it. The
+    // outcome is what compiling every option and walking them all in order of their bounds gives; only the work
+    // differs. kSlack absorbs the rounding of the two sums: a layout's bound is trusted to within it.
+    constexpr double kSlack = 1 - 1e-9;
+    sim::SimParams layoutParams = params_;
+    layoutParams.maxExactIterations = 1;
+    layoutParams.foldSymmetricNodes = false;
+    struct Pending {
+      std::size_t index;
+      double floorUs;  // the layout's
+      std::optional<compiler::Layout> layout;
+    };
+    std::vector<Pending> pending;
+    for (std::size_t i = rotated ? 1 : 0; i < options.size(); ++i) {
+      auto layout = compiler::compileLayout(intent, topology_, options[i]);
+      if (!layout) {
+        compileErrors[i] = layout.error().message;
+        continue;
       }
+      const double floorUs = sim::lowerBoundUs(layout->schedule, *network_, sizeBytes, layoutParams);
+      layout->schedule = core::Schedule{};  // only the bound was wanted
+      pending.push_back({i, floorUs, std::move(layout).value()});
     }
-    const bool incumbentFirst = rotated && !compiled.empty() && compiled.front().index == 0;
-    std::stable_sort(compiled.begin() + (incumbentFirst ? 1 : 0), compiled.end(),
-                     [](const Option& a, const Option& b) { return a.floorUs < b.floorUs; });
-    const Option* lowest = nullptr;  // the option with the least bound among those screened by it
-    for (std::size_t k = 0; k < compiled.size(); ++k) {
-      Option& o = compiled[k];
-      if (best.ok && o.floorUs >= best.timeUs) continue;
-      if (hint.pruneAboveUs > 0 && o.floorUs > hint.pruneAboveUs) {
-        if (!lowest || o.floorUs < lowest->floorUs) lowest = &o;
-        continue;
+    std::stable_sort(pending.begin(), pending.end(),
+                     [](const Pending& a, const Pending& b) { return a.floorUs < b.floorUs; });
+    const auto before = [](const Option& a, const Option& b) {
+      return a.floorUs < b.floorUs || (a.floorUs == b.floorUs && a.index < b.index);
+    };
+    std::vector<Option> ready;  // compiled, not yet walked; a heap on `before`, least first
+    const auto heapOrder = [&](const Option& a, const Option& b) { return before(b, a); };
+    std::size_t next = 0;  // pending[next ..] are not compiled
+    auto compileNext = [&] {
+      Pending& p = pending[next];
+      auto o = bounded(p.index, compiler::compile(std::move(*p.layout)));
+      p.layout.reset();
+      if (o) {
+        ready.push_back(std::move(*o));
+        std::push_heap(ready.begin(), ready.end(), heapOrder);
       }
-      sim::SimResult r = k == 0 && incumbentFirst && incumbentSim
-                             ? std::move(*incumbentSim)
-                             : sim::simulate(o.compiled.schedule, *network_, sizeBytes, params_);
+      ++next;
+    };
+    struct Bound {
+      std::size_t index;
+      double floorUs;
+    };
+    std::optional<Bound> lowest;  // the least bound of the options screened by it
+    auto screen = [&](const Option& o) {
+      if (!lowest || o.floorUs < lowest->floorUs || (o.floorUs == lowest->floorUs && o.index < lowest->index)) {
+        lowest = Bound{o.index, o.floorUs};
+      }
+    };
+    std::string simError;
+    auto walk = [&](Option&& o, bool first) {
+      if (hint.pruneAboveUs > 0 && o.floorUs > hint.pruneAboveUs) {
+        screen(o);
+        return;
+      }
+      sim::SimResult r = first && incumbentSim ? std::move(*incumbentSim)
+                                               : sim::simulate(o.compiled.schedule, *network_, sizeBytes, params_);
       if (!r.ok) {
-        if (firstError.empty()) firstError = "simulator: " + r.error;
-        continue;
+        if (simError.empty()) simError = "simulator: " + r.error;
+        return;
       }
       if (!best.ok || r.timeUs < best.timeUs) {
         best.ok = true;
@@ -119,11 +157,51 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
         best.compiled = std::move(o.compiled);
         best.sim = std::move(r);
       }
-      if (k == 0 && incumbentFirst && hint.pruneAboveUs > 0 && best.timeUs > hint.pruneAboveUs) {
-        best.screened = true;
+    };
+    if (incumbent) {
+      walk(std::move(*incumbent), true);
+      incumbent.reset();
+      if (best.ok && hint.pruneAboveUs > 0 && best.timeUs > hint.pruneAboveUs) best.screened = true;
+    }
+    while (!best.screened) {
+      // Options that cannot win are never compiled, nor those whose bound alone is above the cutoff (the least of
+      // their bounds is wanted only when nothing is simulated, below).
+      while (next < pending.size()) {
+        const double f = pending[next].floorUs * kSlack;
+        if (best.ok && f >= best.timeUs) {
+          next = pending.size();
+          break;
+        }
+        if (hint.pruneAboveUs > 0 && f > hint.pruneAboveUs) break;
+        if (!ready.empty() && f > ready.front().floorUs) break;
+        compileNext();
+      }
+      if (ready.empty()) break;
+      std::pop_heap(ready.begin(), ready.end(), heapOrder);
+      Option o = std::move(ready.back());
+      ready.pop_back();
+      if (best.ok && o.floorUs >= best.timeUs) break;  // so are all the rest
+      walk(std::move(o), false);
+    }
+    if (!best.ok) {
+      // Nothing was simulated. The options set aside for the cutoff are compiled while one may have the least bound.
+      while (next < pending.size() && (!lowest || pending[next].floorUs * kSlack <= lowest->floorUs)) {
+        compileNext();
+        while (!ready.empty()) {
+          std::pop_heap(ready.begin(), ready.end(), heapOrder);
+          screen(ready.back());
+          ready.pop_back();
+        }
+      }
+    }
+    std::string firstError;
+    for (const std::string& e : compileErrors) {
+      if (!e.empty()) {
+        firstError = e;
         break;
       }
     }
+    if (firstError.empty()) firstError = simError;
     if (!best.ok && lowest) {
       // Nothing was simulated: every option's bound alone was too slow. Report the least bound, marked as such.
       best.ok = true;

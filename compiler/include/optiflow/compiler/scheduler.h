@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -60,6 +61,46 @@ struct CompileResult {
 // sizes beyond the IR's limits, or (a bug) a schedule the verifier did not prove, with its first findings.
 core::Result<CompileResult> compile(const core::IntentProgram& intent, const core::Topology& topology,
                                     const CompileOptions& options = {});
+
+namespace detail {
+class Scheduler;
+}
+
+// compile() in two halves: compileLayout() routes, fuses and places every step (thread blocks, channels,
+// connections, within the executor's limits); compile(Layout&&) orders every block's steps, emits and verifies.
+// The layout's schedule has compile()'s thread blocks, channels and steps, each block's steps in the order they
+// were created and waiting for nothing: not a runnable schedule, but it gives what does not depend on the order of
+// steps (the bytes every link carries, every block's work: sim::lowerBoundUs with one exact iteration), so a search
+// can set an option aside after half the work of compiling it. One case differs: when no order of the fused steps
+// runs, compile() starts again with its fallbacks (docs/compiler.md, "Ordering"), and its schedule has more steps
+// than the layout. A layout refers to the intent, topology and options it was made from: they must outlive it.
+class Layout {
+ public:
+  Layout(Layout&&) noexcept;
+  Layout& operator=(Layout&&) noexcept;
+  ~Layout();
+
+  core::Schedule schedule;  // compile(Layout&&) does not need it: a caller may move it out
+
+ private:
+  Layout();
+  friend core::Result<Layout> compileLayout(const core::IntentProgram&, const core::Topology&, const CompileOptions&);
+  friend core::Result<CompileResult> compile(Layout&& layout);
+
+  const core::IntentProgram* intent_ = nullptr;
+  const core::Topology* topology_ = nullptr;
+  const CompileOptions* options_ = nullptr;
+  std::unique_ptr<detail::Scheduler> sch_;
+  core::Protocol protocol_ = core::Protocol::Simple;
+  int channels_ = 1;
+  int slices_ = 1;
+};
+
+// Errors are compile()'s.
+core::Result<Layout> compileLayout(const core::IntentProgram& intent, const core::Topology& topology,
+                                   const CompileOptions& options);
+// The same result as compile() of the layout's intent, topology and options; a layout compiles once.
+core::Result<CompileResult> compile(Layout&& layout);
 
 // The protocol the compiler picks for `sizeBytes` when none is given.
 core::Protocol chooseProtocol(const core::IntentProgram& intent, std::uint64_t sizeBytes);
