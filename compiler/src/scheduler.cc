@@ -573,6 +573,9 @@ void Scheduler::place() {
     maxPerRank_ = std::max(maxPerRank_, static_cast<int>(bl.size()));
     for (int c = 0; c < ch_; ++c) maxPerChannel_ = std::max(maxPerChannel_, perChannel[c]);
   }
+  // Only placement looks blocks up; a layout waiting to be ordered need not keep the maps.
+  decltype(sendIndex_)().swap(sendIndex_);
+  decltype(recvIndex_)().swap(recvIndex_);
 }
 
 void Scheduler::keepPlacementOrder() {

@@ -107,8 +107,14 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
         continue;
       }
       const double floorUs = sim::lowerBoundUs(layout->schedule, *network_, sizeBytes, layoutParams);
-      layout->schedule = core::Schedule{};  // only the bound was wanted
-      pending.push_back({i, floorUs, std::move(layout).value()});
+      // An option above the cutoff is compiled only when nothing else was simulated: it is laid out again then,
+      // rather than its layout held all along.
+      if (hint.pruneAboveUs > 0 && floorUs * kSlack > hint.pruneAboveUs) {
+        pending.push_back({i, floorUs, std::nullopt});
+      } else {
+        layout->schedule = core::Schedule{};  // only the bound was wanted
+        pending.push_back({i, floorUs, std::move(layout).value()});
+      }
     }
     std::stable_sort(pending.begin(), pending.end(),
                      [](const Pending& a, const Pending& b) { return a.floorUs < b.floorUs; });
@@ -120,7 +126,8 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
     std::size_t next = 0;  // pending[next ..] are not compiled
     auto compileNext = [&] {
       Pending& p = pending[next];
-      auto o = bounded(p.index, compiler::compile(std::move(*p.layout)));
+      auto o = bounded(p.index, p.layout ? compiler::compile(std::move(*p.layout))
+                                         : compiler::compile(intent, topology_, options[p.index]));
       p.layout.reset();
       if (o) {
         ready.push_back(std::move(*o));
@@ -169,7 +176,7 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
       while (next < pending.size()) {
         const double f = pending[next].floorUs * kSlack;
         if (best.ok && f >= best.timeUs) {
-          next = pending.size();
+          for (; next < pending.size(); ++next) pending[next].layout.reset();
           break;
         }
         if (hint.pruneAboveUs > 0 && f > hint.pruneAboveUs) break;
@@ -183,7 +190,11 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
       if (best.ok && o.floorUs >= best.timeUs) break;  // so are all the rest
       walk(std::move(o), false);
     }
-    if (!best.ok) {
+    if (best.ok) {
+      // What is left can no longer matter; its memory is wanted for proving the winner.
+      std::vector<Pending>().swap(pending);
+      std::vector<Option>().swap(ready);
+    } else {
       // Nothing was simulated. The options set aside for the cutoff are compiled while one may have the least bound.
       while (next < pending.size() && (!lowest || pending[next].floorUs * kSlack <= lowest->floorUs)) {
         compileNext();
