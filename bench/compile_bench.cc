@@ -6,6 +6,7 @@
 // limit in reply_parser_test): linear in the reply's length (the fit says N or N lg N with a small RMS; never N^2).
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -28,12 +29,18 @@ constexpr const char* kHierarchical = R"(allgather hierarchical_rail
 
 const char* presetFor(int gpus) { return gpus == 32 ? "dgx-a100x4" : gpus == 256 ? "dgx-h100x32" : "dgx-h100x128"; }
 
-void compileOnce(benchmark::State& state, bool verify) {
+// Layout: only the first half of a compile (compiler::compileLayout: routing, fusion, placement, the layout's
+// schedule), which the synthesis loop pays for every option; the rest (ordering, emitting) only for options that
+// may win.
+enum class Work { Layout, Compile, CompileAndVerify };
+
+void compileOnce(benchmark::State& state, Work work) {
   const core::Topology t = core::presetTopology(presetFor(static_cast<int>(state.range(0)))).value();
   compiler::CompileOptions o;
   o.sizeBytes = 1 << 30;
-  o.verify = verify;
+  o.verify = work == Work::CompileAndVerify;
   o.limits = compiler::ExecutorLimits::none();
+  std::size_t blocks = 0;
   std::size_t hops = 0;
   for (auto _ : state) {
     auto f = synth::parseAndExpand(kHierarchical, "<bench>", t);
@@ -41,7 +48,17 @@ void compileOnce(benchmark::State& state, bool verify) {
       state.SkipWithError(f.message.c_str());
       return;
     }
-    auto r = compiler::compile(*f.intent, t, o);
+    auto layout = compiler::compileLayout(*f.intent, t, o);
+    if (!layout.ok()) {
+      state.SkipWithError(layout.error().message.c_str());
+      return;
+    }
+    blocks = layout->schedule.ranks.front().threadBlocks.size();
+    if (work == Work::Layout) {
+      benchmark::DoNotOptimize(layout->schedule.ranks.data());
+      continue;
+    }
+    auto r = compiler::compile(std::move(layout).value());
     if (!r.ok()) {
       state.SkipWithError(r.error().message.c_str());
       return;
@@ -49,36 +66,13 @@ void compileOnce(benchmark::State& state, bool verify) {
     hops = r->hops;
     benchmark::DoNotOptimize(r->schedule.ranks.data());
   }
-  state.counters["transfers"] = static_cast<double>(hops);
-}
-
-void BM_CompileHierarchicalAllGather(benchmark::State& state) { compileOnce(state, false); }
-void BM_CompileAndVerifyHierarchicalAllGather(benchmark::State& state) { compileOnce(state, true); }
-
-// The first half of a compile (compiler::compileLayout: routing, fusion, placement, the layout's schedule), which
-// the synthesis loop pays for every option; the rest (ordering, emitting) only for options that may win.
-void BM_LayoutHierarchicalAllGather(benchmark::State& state) {
-  const core::Topology t = core::presetTopology(presetFor(static_cast<int>(state.range(0)))).value();
-  compiler::CompileOptions o;
-  o.sizeBytes = 1 << 30;
-  o.limits = compiler::ExecutorLimits::none();
-  std::size_t blocks = 0;
-  for (auto _ : state) {
-    auto f = synth::parseAndExpand(kHierarchical, "<bench>", t);
-    if (!f.ok()) {
-      state.SkipWithError(f.message.c_str());
-      return;
-    }
-    auto r = compiler::compileLayout(*f.intent, t, o);
-    if (!r.ok()) {
-      state.SkipWithError(r.error().message.c_str());
-      return;
-    }
-    blocks = r->schedule.ranks.front().threadBlocks.size();
-    benchmark::DoNotOptimize(r->schedule.ranks.data());
-  }
   state.counters["blocks_rank0"] = static_cast<double>(blocks);
+  if (work != Work::Layout) state.counters["transfers"] = static_cast<double>(hops);
 }
+
+void BM_LayoutHierarchicalAllGather(benchmark::State& state) { compileOnce(state, Work::Layout); }
+void BM_CompileHierarchicalAllGather(benchmark::State& state) { compileOnce(state, Work::Compile); }
+void BM_CompileAndVerifyHierarchicalAllGather(benchmark::State& state) { compileOnce(state, Work::CompileAndVerify); }
 
 BENCHMARK(BM_CompileHierarchicalAllGather)->Arg(32)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_LayoutHierarchicalAllGather)->Arg(32)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond);
