@@ -227,6 +227,58 @@ TEST(Compiler, MoreChannelsWhenABlockWouldExceedTheStepLimit) {
   EXPECT_TRUE(checkMscclLimits(res->schedule).empty());
 }
 
+TEST(Compiler, ALayoutHasTheBlocksAndStepsOfTheCompiledSchedule) {
+  // The limits are met on the layout (64 ranks need more channels), and compiling the layout gives compile()'s
+  // schedule; the layout's steps wait for nothing, and a layout compiles once.
+  const auto t = topo("dgx-a100x8");
+  const IntentProgram p = ringAllGather(64);
+  const CompileOptions o;
+  auto whole = compile(p, t, o);
+  ASSERT_TRUE(whole.ok()) << whole.error().str();
+  auto layout = compileLayout(p, t, o);
+  ASSERT_TRUE(layout.ok()) << layout.error().str();
+  const core::Schedule& l = layout->schedule;
+  ASSERT_EQ(l.ranks.size(), whole->schedule.ranks.size());
+  EXPECT_EQ(l.nChannels, whole->schedule.nChannels);
+  for (std::size_t r = 0; r < l.ranks.size(); ++r) {
+    const auto& lb = l.ranks[r].threadBlocks;
+    const auto& cb = whole->schedule.ranks[r].threadBlocks;
+    ASSERT_EQ(lb.size(), cb.size()) << "rank " << r;
+    for (std::size_t b = 0; b < lb.size(); ++b) {
+      EXPECT_EQ(lb[b].sendPeer, cb[b].sendPeer);
+      EXPECT_EQ(lb[b].recvPeer, cb[b].recvPeer);
+      EXPECT_EQ(lb[b].channel, cb[b].channel);
+      EXPECT_EQ(lb[b].steps.size(), cb[b].steps.size());
+      for (const core::Step& st : lb[b].steps) EXPECT_TRUE(st.deps.empty());
+    }
+  }
+  auto finished = compile(std::move(layout).value());
+  ASSERT_TRUE(finished.ok()) << finished.error().str();
+  EXPECT_TRUE(finished->schedule == whole->schedule);
+  EXPECT_EQ(finished->summary, whole->summary);
+  EXPECT_TRUE(finished->report.proven);
+
+  auto again = compileLayout(p, t, o);
+  ASSERT_TRUE(again.ok());
+  compiler::Layout moved = std::move(again).value();
+  compiler::Layout target = std::move(moved);
+  auto fromMoved = compile(std::move(moved));  // NOLINT(bugprone-use-after-move): what a caller must not do
+  ASSERT_FALSE(fromMoved.ok());
+  EXPECT_NE(fromMoved.error().message.find("moved from or compiled"), std::string::npos);
+  EXPECT_TRUE(compile(std::move(target)).ok());
+}
+
+TEST(Compiler, ALayoutFailsAsCompileFails) {
+  const auto t = topo("dgx-a100x512");
+  const IntentProgram p = skeleton(Collective::AllToAll, 4096);
+  const CompileOptions o;
+  auto layout = compileLayout(p, t, o);
+  auto whole = compile(p, t, o);
+  ASSERT_FALSE(layout.ok());
+  ASSERT_FALSE(whole.ok());
+  EXPECT_EQ(layout.error().message, whole.error().message);
+}
+
 TEST(Compiler, RefusesWhatWouldNotFitInMemoryAtOnce) {
   // All-to-All on 4096 ranks has 16 M blocks: the per-rank state would be 64 G entries.
   const auto t = topo("dgx-a100x512");
