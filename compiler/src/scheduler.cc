@@ -707,27 +707,19 @@ Protocol chooseProtocol(const IntentProgram& intent, std::uint64_t sizeBytes) {
 
 namespace {
 
-// A scheduler that met the executor's limits, with the protocol, channels and slices it was built with.
-struct Scheduled {
-  std::unique_ptr<detail::Scheduler> sch;
-  Protocol proto = Protocol::Simple;
-  int channels = 1;
-  int slices = 1;
-};
-
 core::Diagnostic failure(std::string m) { return core::Diagnostic{"<compiler>", 0, 0, std::move(m)}; }
 
 // compile()'s work up to the schedule: with `ordered` false, the blocks keep their steps in creation order
 // (compileLayout). Both take the same decisions (pairing, more channels) from the placement, before any order.
-core::Result<Scheduled> schedule(const IntentProgram& intent, const Topology& topology, const CompileOptions& options,
-                                 bool ordered) {
-  const auto fail = failure;
-  if (std::string e = core::validateIntent(intent); !e.empty()) return fail("malformed intent program: " + e);
+// The scheduler returned met the executor's limits.
+core::Result<std::unique_ptr<detail::Scheduler>> schedule(const IntentProgram& intent, const Topology& topology,
+                                                          const CompileOptions& options, bool ordered) {
+  if (std::string e = core::validateIntent(intent); !e.empty()) return failure("malformed intent program: " + e);
   if (topology.nRanks() != intent.nRanks) {
-    return fail(
+    return failure(
         fmt::format("the program was expanded for {} ranks but the topology has {}", intent.nRanks, topology.nRanks()));
   }
-  if (options.channels < 0 || options.slices < 0) return fail("channels and slices must not be negative");
+  if (options.channels < 0 || options.slices < 0) return failure("channels and slices must not be negative");
   const ExecutorLimits& lim = options.limits;
   const Protocol proto = options.protocol.value_or(chooseProtocol(intent, options.sizeBytes));
   int channels = options.channels;
@@ -750,7 +742,7 @@ core::Result<Scheduled> schedule(const IntentProgram& intent, const Topology& to
   const std::uint64_t hops = static_cast<std::uint64_t>(intent.transfers.size()) * static_cast<std::uint64_t>(slices);
   if (chunks > static_cast<std::uint64_t>(core::kMaxScheduleChunks) || stateEntries > kMaxStateEntries ||
       hops > kMaxHops) {
-    return fail(fmt::format(
+    return failure(fmt::format(
         "too large to compile: {} ranks x {} chunks after slicing ({} transfers); the compiler handles at most {} "
         "rank-chunk pairs and {} transfers: use fewer parts or slices, or a program for fewer ranks",
         intent.nRanks, chunks, hops, kMaxStateEntries, kMaxHops));
@@ -766,19 +758,19 @@ core::Result<Scheduled> schedule(const IntentProgram& intent, const Topology& to
         built = std::make_unique<detail::Scheduler>(intent, topology, options, channels, slices, proto, paired);
         if (variant >= 1) built->keepCreationOrder();
         if (variant >= 2) built->disableFusion();
-        if (!built->build()) return fail(built->error());
+        if (!built->build()) return failure(built->error());
         built->place();
         if (!ordered) {
           built->keepPlacementOrder();
           break;
         }
         if (built->order()) break;
-        if (variant == 2) return fail(built->error());
+        if (variant == 2) return failure(built->error());
       }
       detail::Scheduler& sch = *built;
       if (sch.maxBlocksPerChannel() > lim.maxBlocksPerChannel || sch.maxBlocksPerRank() > lim.maxBlocksPerRank) {
         if (!paired) continue;
-        return fail(fmt::format(
+        return failure(fmt::format(
             "a rank needs {} thread blocks on one channel ({} in all); the executor allows {} per channel and {} "
             "per rank: use fewer peers per rank (e.g. a hierarchical program) or fewer channels",
             sch.maxBlocksPerChannel(), sch.maxBlocksPerRank(), lim.maxBlocksPerChannel, lim.maxBlocksPerRank));
@@ -789,7 +781,7 @@ core::Result<Scheduled> schedule(const IntentProgram& intent, const Topology& to
         // chunk (more slices than channels), which stops once the channels catch up with the slices.
         const int need = std::min(lim.maxChannels, channels * ceilDiv(sch.maxBlockSteps(), lim.maxStepsPerBlock));
         if (need <= channels || (lastSteps >= 0 && sch.maxBlockSteps() >= lastSteps && slices <= channels)) {
-          return fail(fmt::format(
+          return failure(fmt::format(
               "a thread block needs {} steps with {} channels; the executor allows {} steps per block and {} "
               "channels: use fewer parts or a program with fewer hops per rank",
               sch.maxBlockSteps(), channels, lim.maxStepsPerBlock, lim.maxChannels));
@@ -798,27 +790,26 @@ core::Result<Scheduled> schedule(const IntentProgram& intent, const Topology& to
         channels = need;
         break;  // rebuild with more channels
       }
-      return Scheduled{std::move(built), proto, channels, slices};
+      return built;
     }
   }
-  return fail("could not meet the executor's limits");
+  return failure("could not meet the executor's limits");
 }
 
 // The schedule and its figures from a scheduler whose blocks are ordered.
-core::Result<CompileResult> result(const detail::Scheduler& sch, Protocol proto, int channels, int slices,
-                                   const CompileOptions& options) {
+core::Result<CompileResult> result(const detail::Scheduler& sch, const CompileOptions& options) {
   CompileResult res;
   res.schedule = sch.emit();
-  res.protocol = proto;
-  res.channels = channels;
-  res.slices = slices;
+  res.protocol = sch.protocol();
+  res.channels = sch.channels();
+  res.slices = sch.slices();
   res.hops = sch.hops();
   res.fused = sch.fused();
   res.summary = fmt::format(
       "{}, {} channel{}, {} slice{} per chunk, {} transfers ({} receive-and-forward), at most {} thread blocks and "
       "{} steps per block",
-      core::toString(proto), channels, channels == 1 ? "" : "s", slices, slices == 1 ? "" : "s", res.hops, res.fused,
-      sch.maxBlocksPerRank(), sch.maxBlockSteps());
+      core::toString(res.protocol), res.channels, res.channels == 1 ? "" : "s", res.slices, res.slices == 1 ? "" : "s",
+      res.hops, res.fused, sch.maxBlocksPerRank(), sch.maxBlockSteps());
   if (options.verify) {
     res.report = verify(res.schedule);
     if (!res.report.proven) {
@@ -843,14 +834,11 @@ core::Result<Layout> compileLayout(const IntentProgram& intent, const Topology& 
     auto scheduled = schedule(intent, topology, options, false);
     if (!scheduled) return scheduled.error();
     Layout layout;
-    layout.schedule = scheduled->sch->emit(false);
+    layout.schedule = (*scheduled)->emit(false);
     layout.intent_ = &intent;
     layout.topology_ = &topology;
     layout.options_ = &options;
-    layout.sch_ = std::move(scheduled->sch);
-    layout.protocol_ = scheduled->proto;
-    layout.channels_ = scheduled->channels;
-    layout.slices_ = scheduled->slices;
+    layout.sch_ = std::move(scheduled).value();
     return layout;
   } catch (const std::bad_alloc&) {
     return failure("out of memory while compiling");
@@ -862,11 +850,11 @@ core::Result<CompileResult> compile(Layout&& layout) {
     if (!layout.sch_) return failure("internal error: compile() of a layout that was moved from or compiled");
     const std::unique_ptr<detail::Scheduler> sch = std::move(layout.sch_);
     sch->clearOrder();
-    if (sch->order()) return result(*sch, layout.protocol_, layout.channels_, layout.slices_, *layout.options_);
+    if (sch->order()) return result(*sch, *layout.options_);
     // The fused steps cannot be ordered: compile()'s fallbacks (creation order, then no fusion) from the start.
     auto scheduled = schedule(*layout.intent_, *layout.topology_, *layout.options_, true);
     if (!scheduled) return scheduled.error();
-    return result(*scheduled->sch, scheduled->proto, scheduled->channels, scheduled->slices, *layout.options_);
+    return result(**scheduled, *layout.options_);
   } catch (const std::bad_alloc&) {
     return failure("out of memory while compiling");
   }

@@ -104,6 +104,9 @@ class Scheduler {
   // Without fusion every wait points to an earlier-created step, so ordering always succeeds: the fallback.
   void disableFusion() { fuse_ = false; }
   void keepCreationOrder() { creationOrder_ = true; }
+  Protocol protocol() const { return proto_; }
+  int channels() const { return ch_; }
+  int slices() const { return s_; }
   int maxBlockSteps() const { return maxSteps_; }
   int maxBlocksPerChannel() const { return maxPerChannel_; }
   int maxBlocksPerRank() const { return maxPerRank_; }

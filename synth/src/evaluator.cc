@@ -118,7 +118,8 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
     }
     std::stable_sort(pending.begin(), pending.end(),
                      [](const Pending& a, const Pending& b) { return a.floorUs < b.floorUs; });
-    const auto before = [](const Option& a, const Option& b) {
+    // The order of the walk: by bound, then by position (the incumbent's options are position 0).
+    const auto before = [](const auto& a, const auto& b) {
       return a.floorUs < b.floorUs || (a.floorUs == b.floorUs && a.index < b.index);
     };
     std::vector<Option> ready;  // compiled, not yet walked; a heap on `before`, least first
@@ -141,9 +142,7 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
     };
     std::optional<Bound> lowest;  // the least bound of the options screened by it
     auto screen = [&](const Option& o) {
-      if (!lowest || o.floorUs < lowest->floorUs || (o.floorUs == lowest->floorUs && o.index < lowest->index)) {
-        lowest = Bound{o.index, o.floorUs};
-      }
+      if (!lowest || before(o, *lowest)) lowest = Bound{o.index, o.floorUs};
     };
     std::string simError;
     auto walk = [&](Option&& o, bool first) {

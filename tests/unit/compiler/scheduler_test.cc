@@ -268,17 +268,6 @@ TEST(Compiler, ALayoutHasTheBlocksAndStepsOfTheCompiledSchedule) {
   EXPECT_TRUE(compile(std::move(target)).ok());
 }
 
-TEST(Compiler, ALayoutFailsAsCompileFails) {
-  const auto t = topo("dgx-a100x512");
-  const IntentProgram p = skeleton(Collective::AllToAll, 4096);
-  const CompileOptions o;
-  auto layout = compileLayout(p, t, o);
-  auto whole = compile(p, t, o);
-  ASSERT_FALSE(layout.ok());
-  ASSERT_FALSE(whole.ok());
-  EXPECT_EQ(layout.error().message, whole.error().message);
-}
-
 TEST(Compiler, RefusesWhatWouldNotFitInMemoryAtOnce) {
   // All-to-All on 4096 ranks has 16 M blocks: the per-rank state would be 64 G entries.
   const auto t = topo("dgx-a100x512");

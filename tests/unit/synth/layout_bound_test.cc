@@ -1,6 +1,6 @@
 // The evaluator compiles an option only when the bound of its layout (compiler::compileLayout, bounded with one
-// exact iteration and no folding) says its turn may come. That is sound only if the layout fails exactly when
-// compile() fails, has compile()'s blocks and steps, and its bound is never above the compiled schedule's. Checked
+// exact iteration and no folding) says its turn may come. That is sound only if a layout that succeeds also
+// compiles, has compile()'s blocks and steps, and its bound is never above the compiled schedule's. Checked
 // on every option of every program a seeded synthesis run evaluates (gallery programs and their mutations), at
 // latency- and bandwidth-bound sizes.
 #include <algorithm>
@@ -15,6 +15,7 @@
 #include "optiflow/compiler/scheduler.h"
 #include "optiflow/core/topology.h"
 #include "optiflow/core/units.h"
+#include "optiflow/core/vocabulary.h"
 #include "optiflow/sim/network.h"
 #include "optiflow/sim/simulator.h"
 #include "optiflow/synth/builtin_proposer.h"
@@ -56,10 +57,8 @@ class CheckingEvaluator : public SimEvaluator {
       const std::lock_guard<std::mutex> lock(mu_);
       ++options_;
       if (!c || !l) {
+        // compile() lays out first, so a layout's error is compile()'s; finishing a layout must not fail.
         EXPECT_EQ(c.ok(), l.ok()) << what << ": " << (c ? l.error().message : c.error().message);
-        if (!c && !l) {
-          EXPECT_EQ(c.error().message, l.error().message) << what;
-        }
         if (!c) ++failures_;
         continue;
       }
@@ -99,10 +98,10 @@ void checkRun(const std::string& preset, core::Collective coll, std::vector<std:
   CheckingEvaluator evaluator(*topo, cfg.params);
   const SynthResult res = runSynthesis(*topo, cfg, proposer, evaluator);
   EXPECT_GE(evaluator.options(), minOptions) << preset;
-  ::testing::Test::RecordProperty(preset + "-options", evaluator.options());
-  ::testing::Test::RecordProperty(preset + "-compile-failures", evaluator.failures());
-  ::testing::Test::RecordProperty(preset + "-least-compiled-over-layout-bound",
-                                  fmt::format("{:.3f}", evaluator.worst()));
+  const std::string run = fmt::format("{}-{}", preset, core::toString(coll));
+  ::testing::Test::RecordProperty(run + "-options", evaluator.options());
+  ::testing::Test::RecordProperty(run + "-compile-failures", evaluator.failures());
+  ::testing::Test::RecordProperty(run + "-least-compiled-over-layout-bound", fmt::format("{:.3f}", evaluator.worst()));
 }
 
 TEST(LayoutBound, MatchesCompileAndNeverExceedsTheCompiledBound) {

@@ -90,10 +90,7 @@ class Layout {
   const core::IntentProgram* intent_ = nullptr;
   const core::Topology* topology_ = nullptr;
   const CompileOptions* options_ = nullptr;
-  std::unique_ptr<detail::Scheduler> sch_;
-  core::Protocol protocol_ = core::Protocol::Simple;
-  int channels_ = 1;
-  int slices_ = 1;
+  std::unique_ptr<detail::Scheduler> sch_;  // placed, not ordered; its protocol, channels and slices are the layout's
 };
 
 // Errors are compile()'s.
