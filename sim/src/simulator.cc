@@ -180,6 +180,31 @@ class EventHeap {
   std::vector<std::size_t> pos_;  // per flow: index of its drain event in h_, or kNone
 };
 
+// How a chunk of `chunkBytes` is cut into loop iterations, and how many of them are simulated exactly.
+struct Iterations {
+  std::uint64_t count = 1;
+  double chunkBytes = 0;  // per iteration
+  int exact = 1;
+};
+Iterations iterationsOf(double chunkBytes, double iterationChunkBytes, int maxExactIterations,
+                        std::uint64_t maxStepInstances, int nSteps) {
+  Iterations it;
+  const double iters = std::max(1.0, std::ceil(chunkBytes / iterationChunkBytes));
+  it.count = static_cast<std::uint64_t>(std::min(iters, 9e15));
+  it.chunkBytes = chunkBytes / static_cast<double>(it.count);
+  std::uint64_t k = std::min<std::uint64_t>(it.count, static_cast<std::uint64_t>(std::max(1, maxExactIterations)));
+  if (nSteps > 0) k = std::min<std::uint64_t>(k, std::max<std::uint64_t>(1, maxStepInstances / nSteps));
+  k = std::min<std::uint64_t>(k, static_cast<std::uint64_t>(std::numeric_limits<int>::max()) /
+                                     std::max<std::uint64_t>(1, static_cast<std::uint64_t>(nSteps)));
+  it.exact = static_cast<int>(std::max<std::uint64_t>(1, k));
+  return it;
+}
+
+// When data movement starts: the launch and the protocol's base latency.
+double startUs(const SimParams& p, int proto) {
+  return std::max(0.0, p.launchUs) + std::max(0.0, p.baseLatencyUs[proto]);
+}
+
 class Engine {
  public:
   // `sym`: nodeSymmetry(s, net), found once by the caller (simulate() may run several engines on one schedule).
@@ -188,6 +213,11 @@ class Engine {
 
   SimResult run();
   double lowerBound();
+  // lowerBound()'s sums per byte of an iteration's chunk, for every size (boundCurve): per block (sync us, us per
+  // byte), and the busiest link's us per byte per iteration. False for a malformed schedule.
+  bool boundTerms(std::vector<std::pair<double, double>>& chains, double& linkUsPerByte);
+  int steps() const { return nSteps_; }
+  int protocol() const { return proto_; }
 
  private:
   std::string setUp();
@@ -745,16 +775,12 @@ std::string Engine::setUp() {
   if (!err.empty()) return err;
 
   chunkBytes_ = static_cast<double>(size_) / s_.chunksPerLoop;
-  const double iters = std::max(1.0, std::ceil(chunkBytes_ / p_.iterationChunkBytes[proto_]));
-  iterations_ = static_cast<std::uint64_t>(std::min(iters, 9e15));
-  iterChunk_ = chunkBytes_ / static_cast<double>(iterations_);
-  std::uint64_t k =
-      std::min<std::uint64_t>(iterations_, static_cast<std::uint64_t>(std::max(1, p_.maxExactIterations)));
-  if (nSteps_ > 0) k = std::min<std::uint64_t>(k, std::max<std::uint64_t>(1, p_.maxStepInstances / nSteps_));
-  k = std::min<std::uint64_t>(k, static_cast<std::uint64_t>(std::numeric_limits<int>::max()) /
-                                     std::max<std::uint64_t>(1, static_cast<std::uint64_t>(nSteps_)));
-  exactIters_ = static_cast<int>(std::max<std::uint64_t>(1, k));
-  t0_ = std::max(0.0, p_.launchUs) + std::max(0.0, p_.baseLatencyUs[proto_]);
+  const Iterations it =
+      iterationsOf(chunkBytes_, p_.iterationChunkBytes[proto_], p_.maxExactIterations, p_.maxStepInstances, nSteps_);
+  iterations_ = it.count;
+  iterChunk_ = it.chunkBytes;
+  exactIters_ = it.exact;
+  t0_ = startUs(p_, proto_);
 
   if (fold_ > 1) {
     // A link all nodes share carries every node's image of each flow on it.
@@ -930,6 +956,36 @@ double Engine::lowerBound() {
   return std::max(chainFloor, linkFloor);
 }
 
+bool Engine::boundTerms(std::vector<std::pair<double, double>>& chains, double& linkUsPerByte) {
+  if (!setUp().empty()) return false;
+  const std::vector<double>& cap = flows_.capacity();
+  std::vector<double> perByte(cap.size(), 0.0);  // wire bytes per byte of an iteration's chunk
+  chains.clear();
+  for (const BlockInfo& bi : blocks_) {
+    double sync = 0;
+    double usPerByte = 0;
+    for (int g = bi.first; g < bi.first + bi.n; ++g) {
+      const StepInfo& si = steps_[g];
+      if (si.op == StepOp::Nop) continue;
+      sync += stepSync_[g];
+      if (isLocal(si.op)) {
+        if (p_.localCopyGBps > 0) usPerByte += si.count / (p_.localCopyGBps * 1e3);
+      } else if (sends(si.op) && si.conn >= 0) {
+        const double wire = si.count / eff_;
+        const double mx = maxFlowRate(si.conn);
+        for (int l : connPath(si.conn)) perByte[l] += wire;
+        if (mx < kInf) usPerByte += wire / mx;
+      }
+    }
+    chains.emplace_back(sync, usPerByte);
+  }
+  linkUsPerByte = 0;
+  for (std::size_t l = 0; l < cap.size(); ++l) {
+    if (cap[l] > 0) linkUsPerByte = std::max(linkUsPerByte, perByte[l] / cap[l]);
+  }
+  return true;
+}
+
 }  // namespace
 
 namespace {
@@ -968,6 +1024,43 @@ double lowerBoundUs(const core::Schedule& schedule, const Network& network, std:
   } catch (const std::exception&) {
     return 0;
   }
+}
+
+BoundCurve boundCurve(const core::Schedule& schedule, const Network& network, const SimParams& params) {
+  BoundCurve c;
+  try {
+    // The size only sets the iterations, which the terms are per: any size reads the same steps.
+    Engine e(schedule, network, 1, params, foldingOf(schedule, network, params));
+    std::vector<std::pair<double, double>> chains;
+    if (!e.boundTerms(chains, c.linkUsPerByte_)) return c;
+    // Only the upper envelope of the blocks' lines can be the slowest block at some size.
+    std::sort(chains.begin(), chains.end(), [](const auto& a, const auto& b) {
+      return a.first != b.first ? a.first > b.first : a.second > b.second;
+    });
+    for (const auto& [sync, perByte] : chains) {
+      if (c.chains_.empty() || perByte > c.chains_.back().usPerByte) c.chains_.push_back({sync, perByte});
+    }
+    c.t0Us_ = startUs(params, e.protocol());
+    c.chunksPerLoop_ = schedule.chunksPerLoop;
+    c.iterationChunkBytes_ = params.iterationChunkBytes[e.protocol()];
+    c.maxExactIterations_ = params.maxExactIterations;
+    c.maxStepInstances_ = params.maxStepInstances;
+    c.steps_ = e.steps();
+    c.ok_ = true;
+  } catch (const std::exception&) {
+    c = BoundCurve{};
+  }
+  return c;
+}
+
+double BoundCurve::at(std::uint64_t sizeBytes) const {
+  if (!ok_) return 0;
+  const Iterations it = iterationsOf(static_cast<double>(sizeBytes) / chunksPerLoop_, iterationChunkBytes_,
+                                     maxExactIterations_, maxStepInstances_, steps_);
+  double chain = 0;
+  for (const Chain& c : chains_) chain = std::max(chain, c.syncUs + c.usPerByte * it.chunkBytes);
+  const double link = linkUsPerByte_ * it.chunkBytes * static_cast<double>(it.count);
+  return t0Us_ + std::max(chain * it.exact, link);
 }
 
 SimResult simulate(const core::Schedule& schedule, const core::Topology& topology, std::uint64_t sizeBytes,

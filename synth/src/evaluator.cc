@@ -20,6 +20,42 @@ bool sameOptions(const compiler::CompileOptions& a, const compiler::CompileOptio
 
 }  // namespace
 
+LayoutBounds::Key LayoutBounds::key(const compiler::CompileOptions& o) {
+  const compiler::ExecutorLimits& l = o.limits;
+  return {static_cast<int>(o.protocol.value_or(core::Protocol::Simple)),
+          o.channels,
+          o.slices,
+          l.maxChannels,
+          l.maxBlocksPerChannel,
+          l.maxBlocksPerRank,
+          l.maxStepsPerBlock};
+}
+
+std::optional<LayoutBounds::Entry> LayoutBounds::find(const compiler::CompileOptions& o) const {
+  if (!keeps(o)) return std::nullopt;
+  const std::lock_guard lock(mutex_);
+  const auto it = entries_.find(key(o));
+  if (it == entries_.end()) return std::nullopt;
+  ++hits_;
+  return it->second;
+}
+
+void LayoutBounds::insert(const compiler::CompileOptions& o, Entry e) {
+  if (!keeps(o)) return;
+  const std::lock_guard lock(mutex_);
+  entries_.emplace(key(o), std::move(e));
+}
+
+std::size_t LayoutBounds::size() const {
+  const std::lock_guard lock(mutex_);
+  return entries_.size();
+}
+
+std::size_t LayoutBounds::hits() const {
+  const std::lock_guard lock(mutex_);
+  return hits_;
+}
+
 SimEvaluator::SimEvaluator(const core::Topology& topology, sim::SimParams params)
     : topology_(topology), params_(std::move(params)) {
   auto net = sim::Network::build(topology);
@@ -101,12 +137,31 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
     };
     std::vector<Pending> pending;
     for (std::size_t i = rotated ? 1 : 0; i < options.size(); ++i) {
+      // Another size of the candidate may have laid this option out already: its bound curve serves every size.
+      if (hint.layouts) {
+        if (auto known = hint.layouts->find(options[i])) {
+          if (!known->error.empty()) {
+            compileErrors[i] = std::move(known->error);
+          } else {
+            pending.push_back({i, known->curve.at(sizeBytes), std::nullopt});
+          }
+          continue;
+        }
+      }
       auto layout = compiler::compileLayout(intent, topology_, options[i]);
       if (!layout) {
         compileErrors[i] = layout.error().message;
+        if (hint.layouts) hint.layouts->insert(options[i], {sim::BoundCurve{}, compileErrors[i]});
         continue;
       }
-      const double floorUs = sim::lowerBoundUs(layout->schedule, *network_, sizeBytes, layoutParams);
+      double floorUs = 0;
+      if (hint.layouts && LayoutBounds::keeps(options[i])) {
+        sim::BoundCurve curve = sim::boundCurve(layout->schedule, *network_, layoutParams);
+        floorUs = curve.at(sizeBytes);
+        hint.layouts->insert(options[i], {std::move(curve), {}});
+      } else {
+        floorUs = sim::lowerBoundUs(layout->schedule, *network_, sizeBytes, layoutParams);
+      }
       // An option above the cutoff is compiled only when nothing else was simulated: it is laid out again then,
       // rather than its layout held all along.
       if (hint.pruneAboveUs > 0 && floorUs * kSlack > hint.pruneAboveUs) {

@@ -336,9 +336,11 @@ class Loop {
     const std::size_t n = cfg_.sizes.size();
     std::vector<Evaluation> evals(n);
     std::vector<EvalHint> hints(n);
+    const auto layouts = std::make_shared<LayoutBounds>();
     for (std::size_t s = 0; s < n; ++s) {
       const SizeBest& sb = res_.sizes[s];
       hints[s].verify = false;
+      hints[s].layouts = layouts;
       if (sb.best >= 0) {
         hints[s].first = incumbentOptions_[s];
         // The screens compare simulated times: a measured best's own simulated time.

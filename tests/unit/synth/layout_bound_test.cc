@@ -5,6 +5,7 @@
 // latency- and bandwidth-bound sizes.
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -63,6 +64,12 @@ class CheckingEvaluator : public SimEvaluator {
         continue;
       }
       EXPECT_EQ(shape(c->schedule), shape(l->schedule)) << what;
+      // The evaluator bounds an option at every size of a candidate from one layout (LayoutBounds): a layout must
+      // not depend on the size it is made for.
+      compiler::CompileOptions other = o;
+      other.sizeBytes = o.sizeBytes * 37 + 5;
+      auto lo = compiler::compileLayout(intent, topology_, other);
+      EXPECT_TRUE(lo.ok() && lo->schedule == l->schedule) << what << " against the layout at " << other.sizeBytes;
       const double compiledFloor = sim::lowerBoundUs(c->schedule, net_, sizeBytes, params());
       const double layoutFloor = sim::lowerBoundUs(l->schedule, net_, sizeBytes, layoutParams);
       EXPECT_GT(layoutFloor, 0) << what;
@@ -201,6 +208,7 @@ TEST(LayoutBound, EvaluationsAreTheOnesOfCompilingEveryOption) {
   int compared = 0;
   int boundOnly = 0;
   int screened = 0;
+  std::size_t sharedLayouts = 0;
   int program = 0;
   for (const EmbeddedProgram& p : galleryPrograms()) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -208,6 +216,7 @@ TEST(LayoutBound, EvaluationsAreTheOnesOfCompilingEveryOption) {
 #endif
     const Frontend f = parseAndExpand(p.text, p.file, *topo, {});
     if (!f.ok()) continue;
+    const auto layouts = std::make_shared<LayoutBounds>();
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
     const std::vector<std::uint64_t> sizes = {1 << 20};
     const std::vector<double> cuts = {0.3, 1.5};
@@ -233,7 +242,11 @@ TEST(LayoutBound, EvaluationsAreTheOnesOfCompilingEveryOption) {
       }
       for (const EvalHint& h : hints) {
         const Evaluation want = referenceEvaluate(*f.intent, *topo, net, params, size, h);
-        const Evaluation got = evaluator.evaluate(*f.intent, size, h);
+        // Alternately with and without the layouts' bounds shared across the program's sizes and hints (the loop
+        // shares them across a candidate's sizes): either way the evaluation is the reference's.
+        EvalHint shared = h;
+        if (compared % 2 == 0) shared.layouts = layouts;
+        const Evaluation got = evaluator.evaluate(*f.intent, size, shared);
         const std::string hinted =
             h.first ? fmt::format("{} first {}/{}ch/{}sl, cut {:.3f} us", what, core::toString(*h.first->protocol),
                                   h.first->channels, h.first->slices, h.pruneAboveUs)
@@ -248,6 +261,7 @@ TEST(LayoutBound, EvaluationsAreTheOnesOfCompilingEveryOption) {
         screened += want.screened ? 1 : 0;
       }
     }
+    sharedLayouts += layouts->hits();
   }
   // Every path of the walk was taken: simulated winners, screening by the incumbent, bounds alone.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -258,7 +272,9 @@ TEST(LayoutBound, EvaluationsAreTheOnesOfCompilingEveryOption) {
 #endif
   EXPECT_GT(boundOnly, 2);
   EXPECT_GT(screened, 2);
+  EXPECT_GT(sharedLayouts, 20u);  // options bounded from another evaluation's layout
   ::testing::Test::RecordProperty("compared", compared);
+  ::testing::Test::RecordProperty("shared-layouts", static_cast<int>(sharedLayouts));
 }
 
 }  // namespace

@@ -205,6 +205,35 @@ SimResult simulate(const core::Schedule& schedule, const core::Topology& topolog
 double lowerBoundUs(const core::Schedule& schedule, const Network& network, std::uint64_t sizeBytes,
                     const SimParams& params = {});
 
+// lowerBoundUs of one schedule at any size. Both of the bound's sums are linear in the bytes a step moves (per
+// block: its synchronisation plus time per byte; per link: bytes per chunk byte over its capacity), so the steps are
+// read once and each size then costs a pass over the few blocks that can be the slowest. A search bounds an option
+// at every size from one layout this way (synth::LayoutBounds). Equal to lowerBoundUs up to rounding (relative
+// 1e-12: the sums are taken in another order).
+class BoundCurve {
+ public:
+  BoundCurve() = default;
+  bool ok() const { return ok_; }  // false: a malformed schedule (at() is 0, as lowerBoundUs)
+  double at(std::uint64_t sizeBytes) const;
+
+ private:
+  friend BoundCurve boundCurve(const core::Schedule&, const Network&, const SimParams&);
+  struct Chain {
+    double syncUs;     // the block's steps' synchronisation, per iteration
+    double usPerByte;  // its transfers alone at their path's capacity, per byte of an iteration's chunk
+  };
+  bool ok_ = false;
+  double t0Us_ = 0;
+  int chunksPerLoop_ = 1;
+  double iterationChunkBytes_ = 1;
+  int maxExactIterations_ = 1;
+  std::uint64_t maxStepInstances_ = 0;
+  int steps_ = 0;
+  double linkUsPerByte_ = 0;   // the busiest link: us per byte of an iteration's chunk, per iteration
+  std::vector<Chain> chains_;  // the blocks that are the slowest at some size: syncUs falling, usPerByte rising
+};
+BoundCurve boundCurve(const core::Schedule& schedule, const Network& network, const SimParams& params = {});
+
 // {"size_bytes", "time_us", "algbw_gbps", "busbw_gbps", "protocol", "iterations", "extrapolated",
 //  "bottleneck": {"link", "utilisation", "bytes"}, "critical_path": [...] (last maxEntries steps)} or {"error"}.
 nlohmann::json simResultToJson(const SimResult& r, const Network& network, std::size_t maxCriticalEntries = 20);

@@ -3,8 +3,12 @@
 // (started by the user's launcher command), whose times replace the simulated ones.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -18,6 +22,31 @@
 
 namespace optiflow::synth {
 
+// The bounds of one candidate's layouts, shared by the evaluations of its sizes: the loop makes one per candidate and
+// passes it in every size's EvalHint. A layout does not depend on the size (its protocol, channels, slices and
+// limits shape it; the size only weighs the steps), so each option is laid out once per candidate instead of once
+// per size, and bounded at every size from its sim::BoundCurve. Safe to use from several threads at once.
+class LayoutBounds {
+ public:
+  struct Entry {
+    sim::BoundCurve curve;
+    std::string error;  // non-empty: the option does not compile (the same message at every size)
+  };
+  // Options that leave the protocol or the channels to the compiler are laid out by size: never kept.
+  static bool keeps(const compiler::CompileOptions& o) { return o.protocol.has_value() && o.channels > 0; }
+  std::optional<Entry> find(const compiler::CompileOptions& o) const;
+  void insert(const compiler::CompileOptions& o, Entry e);  // the first entry for an option stays
+  std::size_t size() const;                                 // options laid out
+  std::size_t hits() const;                                 // options bounded from another evaluation's layout
+
+ private:
+  using Key = std::array<int, 7>;
+  static Key key(const compiler::CompileOptions& o);
+  mutable std::mutex mutex_;
+  std::map<Key, Entry> entries_;
+  mutable std::size_t hits_ = 0;
+};
+
 // How much work an evaluation may skip. The loop passes the incumbent's options at this size first and a cutoff
 // near the incumbent's time: a candidate that is far slower with them is not worth the full search.
 struct EvalHint {
@@ -26,6 +55,7 @@ struct EvalHint {
   // (sim::lowerBoundUs) is above it (Evaluation::screened).
   double pruneAboveUs = 0;
   bool verify = true;  // prove the winner (the loop proves only winners that become the best at a size)
+  std::shared_ptr<LayoutBounds> layouts;  // shared by one candidate's sizes; null: each size lays its options out
 };
 
 // One schedule of a round to measure: a candidate's verified schedule at one size.
