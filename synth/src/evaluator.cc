@@ -100,12 +100,71 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
       const double floorUs = sim::lowerBoundUs(c->schedule, *network_, sizeBytes, params_);
       return Option{i, std::move(c).value(), floorUs};
     };
+    // Options are laid out (compiler::compileLayout: half the work of compiling) before they are compiled, and
+    // compiled only when their turn may come. A layout's bound is not above the compiled schedule's (the same links
+    // carry the same bytes; a block's steps are the same whatever their order; one exact iteration instead of
+    // several), so options are compiled in order of their layouts' bounds, each once no option compiled so far can
+    // come before it. The outcome is what compiling every option and walking them all in order of their bounds
+    // gives; only the work differs. kSlack absorbs the rounding of the two sums: a layout's bound is trusted to
+    // within it.
+    constexpr double kSlack = 1 - 1e-9;
+    sim::SimParams layoutParams = params_;
+    layoutParams.maxExactIterations = 1;
+    layoutParams.foldSymmetricNodes = false;
+    struct Pending {
+      std::size_t index;
+      double floorUs;  // the layout's
+      std::optional<compiler::Layout> layout;
+    };
+    std::vector<Pending> pending;
+    // Lays option i out and bounds it; false (its error noted) when it does not compile. Another size of the
+    // candidate may have laid it out already: its bound curve serves every size, and no layout is made.
+    auto layOut = [&](std::size_t i, Pending& out) {
+      out = Pending{i, 0, std::nullopt};
+      if (hint.layouts) {
+        if (auto known = hint.layouts->find(options[i])) {
+          if (!known->error.empty()) compileErrors[i] = std::move(known->error);
+          out.floorUs = known->curve.at(sizeBytes);
+          return known->error.empty();
+        }
+      }
+      auto layout = compiler::compileLayout(intent, topology_, options[i]);
+      if (!layout) {
+        compileErrors[i] = layout.error().message;
+        if (hint.layouts) hint.layouts->insert(options[i], {sim::BoundCurve{}, compileErrors[i]});
+        return false;
+      }
+      if (hint.layouts && LayoutBounds::keeps(options[i])) {
+        sim::BoundCurve curve = sim::boundCurve(layout->schedule, *network_, layoutParams);
+        out.floorUs = curve.at(sizeBytes);
+        hint.layouts->insert(options[i], {std::move(curve), {}});
+      } else {
+        out.floorUs = sim::lowerBoundUs(layout->schedule, *network_, sizeBytes, layoutParams);
+      }
+      layout->schedule = core::Schedule{};  // only the bound was wanted
+      out.layout = std::move(layout).value();
+      return true;
+    };
+    // An option above the cutoff is compiled only when nothing else was simulated: it is laid out again then,
+    // rather than its layout held all along.
+    auto aboveCutoff = [&](const Pending& p) {
+      return hint.pruneAboveUs > 0 && p.floorUs * kSlack > hint.pruneAboveUs;
+    };
     // The incumbent's options are compiled and simulated alone first: most candidates are screened by them (slower
-    // than the cutoff), and then no other option is looked at.
+    // than the cutoff), and then no other option is looked at. Where their layout's bound is above the cutoff
+    // already they cannot be simulated, and wait with the others instead.
     std::optional<Option> incumbent;
     std::optional<sim::SimResult> incumbentSim;
     if (rotated) {
-      incumbent = bounded(0, compiler::compile(intent, topology_, options[0]));
+      Pending p;
+      if (layOut(0, p)) {
+        if (aboveCutoff(p)) {
+          pending.push_back({0, p.floorUs, std::nullopt});
+        } else {
+          incumbent = bounded(
+              0, p.layout ? compiler::compile(std::move(*p.layout)) : compiler::compile(intent, topology_, options[0]));
+        }
+      }
       if (incumbent && hint.pruneAboveUs > 0 && incumbent->floorUs <= hint.pruneAboveUs) {
         incumbentSim = sim::simulate(incumbent->compiled.schedule, *network_, sizeBytes, params_);
         if (incumbentSim->ok && incumbentSim->timeUs > hint.pruneAboveUs) {
@@ -120,56 +179,11 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
         }
       }
     }
-    // The other options are laid out (compiler::compileLayout: half the work of compiling) and compiled only when
-    // their turn may come. A layout's bound is not above the compiled schedule's (the same links carry the same
-    // bytes; a block's steps are the same whatever their order; one exact iteration instead of several), so options
-    // are compiled in order of their layouts' bounds, each once no option compiled so far can come before it. The
-    // outcome is what compiling every option and walking them all in order of their bounds gives; only the work
-    // differs. kSlack absorbs the rounding of the two sums: a layout's bound is trusted to within it.
-    constexpr double kSlack = 1 - 1e-9;
-    sim::SimParams layoutParams = params_;
-    layoutParams.maxExactIterations = 1;
-    layoutParams.foldSymmetricNodes = false;
-    struct Pending {
-      std::size_t index;
-      double floorUs;  // the layout's
-      std::optional<compiler::Layout> layout;
-    };
-    std::vector<Pending> pending;
     for (std::size_t i = rotated ? 1 : 0; i < options.size(); ++i) {
-      // Another size of the candidate may have laid this option out already: its bound curve serves every size.
-      if (hint.layouts) {
-        if (auto known = hint.layouts->find(options[i])) {
-          if (!known->error.empty()) {
-            compileErrors[i] = std::move(known->error);
-          } else {
-            pending.push_back({i, known->curve.at(sizeBytes), std::nullopt});
-          }
-          continue;
-        }
-      }
-      auto layout = compiler::compileLayout(intent, topology_, options[i]);
-      if (!layout) {
-        compileErrors[i] = layout.error().message;
-        if (hint.layouts) hint.layouts->insert(options[i], {sim::BoundCurve{}, compileErrors[i]});
-        continue;
-      }
-      double floorUs = 0;
-      if (hint.layouts && LayoutBounds::keeps(options[i])) {
-        sim::BoundCurve curve = sim::boundCurve(layout->schedule, *network_, layoutParams);
-        floorUs = curve.at(sizeBytes);
-        hint.layouts->insert(options[i], {std::move(curve), {}});
-      } else {
-        floorUs = sim::lowerBoundUs(layout->schedule, *network_, sizeBytes, layoutParams);
-      }
-      // An option above the cutoff is compiled only when nothing else was simulated: it is laid out again then,
-      // rather than its layout held all along.
-      if (hint.pruneAboveUs > 0 && floorUs * kSlack > hint.pruneAboveUs) {
-        pending.push_back({i, floorUs, std::nullopt});
-      } else {
-        layout->schedule = core::Schedule{};  // only the bound was wanted
-        pending.push_back({i, floorUs, std::move(layout).value()});
-      }
+      Pending p;
+      if (!layOut(i, p)) continue;
+      if (aboveCutoff(p)) p.layout.reset();
+      pending.push_back(std::move(p));
     }
     std::stable_sort(pending.begin(), pending.end(),
                      [](const Pending& a, const Pending& b) { return a.floorUs < b.floorUs; });
