@@ -212,9 +212,9 @@ class Engine {
       : s_(s), net_(net), size_(size), p_(p), sym_(sym), fold_(sym.fold) {}
 
   SimResult run();
-  double lowerBound();
-  // lowerBound()'s sums per byte of an iteration's chunk, for every size (boundCurve): per block (sync us, us per
-  // byte), and the busiest link's us per byte per iteration. False for a malformed schedule.
+  // The sums of lowerBoundUs per byte of an iteration's chunk, which do not depend on the size (boundCurve): per
+  // block, its steps back to back at their own fastest (sync us, us per byte); the busiest link's wire bytes at its
+  // effective capacity (us per byte per iteration). False for a malformed schedule.
   bool boundTerms(std::vector<std::pair<double, double>>& chains, double& linkUsPerByte);
   int steps() const { return nSteps_; }
   int protocol() const { return proto_; }
@@ -926,36 +926,6 @@ SimResult Engine::run() {
   return r;
 }
 
-double Engine::lowerBound() {
-  if (!setUp().empty()) return 0;
-  const std::vector<double>& cap = flows_.capacity();
-  std::vector<double> bytes(cap.size(), 0.0);
-  double chainFloor = t0_;
-  for (const BlockInfo& bi : blocks_) {
-    double chain = 0;
-    for (int g = bi.first; g < bi.first + bi.n; ++g) {
-      const StepInfo& si = steps_[g];
-      if (si.op == StepOp::Nop) continue;
-      chain += stepSync_[g];
-      if (isLocal(si.op)) {
-        chain += p_.localCopyGBps > 0 ? dataBytes(g) / (p_.localCopyGBps * 1e3) : 0;
-      } else if (sends(si.op) && si.conn >= 0) {
-        const double wire = dataBytes(g) / eff_;
-        const double mx = maxFlowRate(si.conn);
-        for (int l : connPath(si.conn)) bytes[l] += wire * static_cast<double>(iterations_);
-        if (mx < kInf) chain += wire / mx;
-      }
-    }
-    // Iterations of a block run one after another, and simulate() runs at least exactIters_ of them exactly.
-    chainFloor = std::max(chainFloor, t0_ + chain * exactIters_);
-  }
-  double linkFloor = t0_;
-  for (std::size_t l = 0; l < cap.size(); ++l) {
-    if (cap[l] > 0) linkFloor = std::max(linkFloor, t0_ + bytes[l] / cap[l]);
-  }
-  return std::max(chainFloor, linkFloor);
-}
-
 bool Engine::boundTerms(std::vector<std::pair<double, double>>& chains, double& linkUsPerByte) {
   if (!setUp().empty()) return false;
   const std::vector<double>& cap = flows_.capacity();
@@ -1019,11 +989,7 @@ SimResult simulate(const core::Schedule& schedule, const Network& network, std::
 
 double lowerBoundUs(const core::Schedule& schedule, const Network& network, std::uint64_t sizeBytes,
                     const SimParams& params) {
-  try {
-    return Engine(schedule, network, sizeBytes, params, foldingOf(schedule, network, params)).lowerBound();
-  } catch (const std::exception&) {
-    return 0;
-  }
+  return boundCurve(schedule, network, params).at(sizeBytes);
 }
 
 BoundCurve boundCurve(const core::Schedule& schedule, const Network& network, const SimParams& params) {

@@ -270,6 +270,40 @@ TEST(Simulator, StepSyncIsPaidPerStepAndIteration) {
   EXPECT_NEAR(r2.timeUs, r.timeUs, 1e-6);
 }
 
+// The bound takes, per thread block, its synchronisation plus its bytes at its path's capacity, and the slowest
+// block can change with the size: here rank 0's block of ten small sends (ten synchronisations) at small sizes, rank
+// 2's one send of twice the data at large ones. lowerBoundUs keeps only the blocks that are the slowest at some size
+// (sim::boundCurve), so both must be kept.
+TEST(LowerBound, TheSlowestBlockChangesWithTheSize) {
+  const auto topo = preset("dgx-a100");
+  SimParams p;
+  p.maxExactIterations = 1;
+  const int ll128 = protocolIndex(Protocol::LL128);
+  p.stepSyncUs[0][ll128] = 1.0;  // NVLink
+  Schedule s = hand(8, 20, Protocol::LL128);
+  std::vector<core::Step> small;
+  std::vector<core::Step> smallRecv;
+  for (int i = 0; i < 10; ++i) {
+    small.push_back(makeStep(StepOp::Send, BufferKind::Input, i, BufferKind::Output, i, 1));
+    smallRecv.push_back(makeStep(StepOp::Recv, BufferKind::Output, i, BufferKind::Output, i, 1));
+  }
+  s.ranks[0].threadBlocks.push_back(makeBlock(0, 1, -1, 0, small));
+  s.ranks[1].threadBlocks.push_back(makeBlock(0, -1, 0, 0, smallRecv));
+  addSend(s, 2, 3, 20);
+  addRecv(s, 3, 2, 20);
+  const double t0 = p.launchUs + p.baseLatencyUs[ll128];
+  const double rate = 300.0 * p.linkEfficiency[0] * 1e3;  // bytes per us on the NVSwitch path
+  const double eff = p.protocolEfficiency[ll128];
+  for (std::uint64_t size : {64 * kKiB, 8 * kMiB}) {  // one iteration of 20 chunks each (LL128: 562.5 KiB a chunk)
+    const double chunk = static_cast<double>(size) / 20;
+    const double tenSmall = 10 * 1.0 + 10 * chunk / eff / rate;
+    const double oneLarge = 1.0 + 20 * chunk / eff / rate;
+    EXPECT_NEAR(lowerBoundUs(s, network(topo), size, p), t0 + std::max(tenSmall, oneLarge), 1e-9) << size;
+  }
+  EXPECT_GT(10 * 1.0 + 10 * (64.0 * kKiB / 20) / eff / rate, 1.0 + 20 * (64.0 * kKiB / 20) / eff / rate);
+  EXPECT_LT(10 * 1.0 + 10 * (8.0 * kMiB / 20) / eff / rate, 1.0 + 20 * (8.0 * kMiB / 20) / eff / rate);
+}
+
 TEST(Simulator, SmallSendIsLatencyBound) {
   Schedule s = hand(8, 1, Protocol::LL);
   addSend(s, 0, 1);

@@ -1,6 +1,6 @@
 // sim::lowerBoundUs is what the synthesis loop uses to skip simulations: it must never exceed the simulated time,
 // or the loop would throw away schedules that win. Checked over every gallery program, protocol and channel count
-// the loop tries, at sizes from latency-bound to bandwidth-bound; and sim::boundCurve, the same bound at every size.
+// the loop tries, at sizes from latency-bound to bandwidth-bound.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -89,42 +89,6 @@ TEST(LowerBound, IsTightForABandwidthBoundRing) {
     return;
   }
   FAIL() << "allgather_ring.ofl is not in the gallery";
-}
-
-// sim::boundCurve reads a schedule's steps once and bounds it at any size: it must be lowerBoundUs at every size, with
-// the parameters the loop bounds layouts with (one exact iteration, no folding) and the defaults (several exact
-// iterations, folded), from latency-bound sizes through sizes cut into many iterations.
-TEST(LowerBound, TheCurveIsTheBoundAtEverySize) {
-  auto topo = core::presetTopology("dgx-h100x2");
-  ASSERT_TRUE(topo.ok());
-  auto net = sim::Network::build(*topo);
-  ASSERT_TRUE(net.ok());
-  sim::SimParams layoutParams;
-  layoutParams.maxExactIterations = 1;
-  layoutParams.foldSymmetricNodes = false;
-  const std::vector<std::uint64_t> sizes = {1,        1000,     4096,        100'003,    1 << 20,
-                                            12 << 20, 64 << 20, 333'333'333, 4ull << 30, 64ull << 30};
-  int checked = 0;
-  for (const EmbeddedProgram& p : galleryPrograms()) {
-    const Frontend f = parseAndExpand(p.text, p.file, *topo, {});
-    if (!f.ok()) continue;
-    for (compiler::CompileOptions o : candidateOptions(*f.intent, 16 << 20)) {
-      auto c = compiler::compile(*f.intent, *topo, o);
-      if (!c) continue;
-      for (const sim::SimParams& params : {sim::SimParams{}, layoutParams}) {
-        const sim::BoundCurve curve = sim::boundCurve(c->schedule, *net, params);
-        ASSERT_TRUE(curve.ok()) << p.file;
-        for (std::uint64_t size : sizes) {
-          const double want = sim::lowerBoundUs(c->schedule, *net, size, params);
-          EXPECT_NEAR(curve.at(size), want, want * 1e-12)
-              << p.file << " " << core::toString(*o.protocol) << "/" << o.channels << "ch at " << size << " bytes";
-          ++checked;
-        }
-      }
-    }
-  }
-  EXPECT_GT(checked, 2000);
-  RecordProperty("checked", checked);
 }
 
 TEST(LowerBound, IsZeroForAMalformedSchedule) {

@@ -207,9 +207,8 @@ double lowerBoundUs(const core::Schedule& schedule, const Network& network, std:
 
 // lowerBoundUs of one schedule at any size. Both of the bound's sums are linear in the bytes a step moves (per
 // block: its synchronisation plus time per byte; per link: bytes per chunk byte over its capacity), so the steps are
-// read once and each size then costs a pass over the few blocks that can be the slowest. A search bounds an option
-// at every size from one layout this way (synth::LayoutBounds). Equal to lowerBoundUs up to rounding (relative
-// 1e-12: the sums are taken in another order).
+// read once and each size then costs a pass over the few blocks that can be the slowest. lowerBoundUs is this
+// curve at one size; a search bounds an option at every size from one layout (synth::LayoutBounds).
 class BoundCurve {
  public:
   BoundCurve() = default;
