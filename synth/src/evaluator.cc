@@ -123,9 +123,12 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
       out = Pending{i, 0, std::nullopt};
       if (hint.layouts) {
         if (auto known = hint.layouts->find(options[i])) {
-          if (!known->error.empty()) compileErrors[i] = std::move(known->error);
+          if (!known->error.empty()) {
+            compileErrors[i] = std::move(known->error);
+            return false;
+          }
           out.floorUs = known->curve.at(sizeBytes);
-          return known->error.empty();
+          return true;
         }
       }
       auto layout = compiler::compileLayout(intent, topology_, options[i]);

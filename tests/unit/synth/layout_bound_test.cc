@@ -277,5 +277,31 @@ TEST(LayoutBound, EvaluationsAreTheOnesOfCompilingEveryOption) {
   ::testing::Test::RecordProperty("shared-layouts", static_cast<int>(sharedLayouts));
 }
 
+// An option that failed to lay out at one size of a candidate fails at every size (a layout does not depend on the
+// size), so the other sizes take the failure from the shared LayoutBounds instead of compiling the option again:
+// with every option recorded as failed, nothing is compiled and the evaluation reports the recorded error.
+TEST(LayoutBound, AFailureSeenAtOneSizeIsNotCompiledAgain) {
+  auto topo = core::presetTopology("dgx-a100x2");
+  ASSERT_TRUE(topo.ok());
+  const Frontend f = parseAndExpand(galleryPrograms().front().text, galleryPrograms().front().file, *topo, {});
+  ASSERT_TRUE(f.ok()) << f.message;
+  SimEvaluator evaluator(*topo, sim::SimParams{});
+  const std::uint64_t size = 1 << 20;
+  ASSERT_TRUE(evaluator.evaluate(*f.intent, size, EvalHint{}).ok);
+  const auto layouts = std::make_shared<LayoutBounds>();
+  const std::vector<compiler::CompileOptions> options = candidateOptions(*f.intent, size);
+  ASSERT_FALSE(options.empty());
+  for (const compiler::CompileOptions& o : options) layouts->insert(o, {sim::BoundCurve{}, "recorded failure"});
+  for (bool incumbentFirst : {false, true}) {
+    EvalHint h;
+    h.layouts = layouts;
+    if (incumbentFirst) h.first = options.back();
+    const Evaluation e = evaluator.evaluate(*f.intent, size, h);
+    EXPECT_FALSE(e.ok) << incumbentFirst;
+    EXPECT_EQ(e.error, "recorded failure") << incumbentFirst;
+  }
+  EXPECT_EQ(layouts->hits(), 2 * options.size());
+}
+
 }  // namespace
 }  // namespace optiflow::synth
