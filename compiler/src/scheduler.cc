@@ -841,7 +841,7 @@ core::Result<Layout> compileLayout(const IntentProgram& intent, const Topology& 
     layout.sch_ = std::move(scheduled).value();
     return layout;
   } catch (const std::bad_alloc&) {
-    return failure("out of memory while compiling");
+    return failure(std::string(kOutOfMemory));
   }
 }
 
@@ -856,7 +856,7 @@ core::Result<CompileResult> compile(Layout&& layout) {
     if (!scheduled) return scheduled.error();
     return result(**scheduled, *layout.options_);
   } catch (const std::bad_alloc&) {
-    return failure("out of memory while compiling");
+    return failure(std::string(kOutOfMemory));
   }
 }
 

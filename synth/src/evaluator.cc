@@ -134,13 +134,16 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
       auto layout = compiler::compileLayout(intent, topology_, options[i]);
       if (!layout) {
         compileErrors[i] = layout.error().message;
-        if (hint.layouts) hint.layouts->insert(options[i], {sim::BoundCurve{}, compileErrors[i]});
+        // Running out of memory says nothing about the option: another size may lay it out.
+        if (hint.layouts && compileErrors[i] != compiler::kOutOfMemory) {
+          hint.layouts->insert(options[i], {sim::BoundCurve{}, compileErrors[i]});
+        }
         return false;
       }
       if (hint.layouts && LayoutBounds::keeps(options[i])) {
         sim::BoundCurve curve = sim::boundCurve(layout->schedule, *network_, layoutParams);
         out.floorUs = curve.at(sizeBytes);
-        hint.layouts->insert(options[i], {std::move(curve), {}});
+        if (curve.ok()) hint.layouts->insert(options[i], {std::move(curve), {}});  // not ok: out of memory
       } else {
         out.floorUs = sim::lowerBoundUs(layout->schedule, *network_, sizeBytes, layoutParams);
       }

@@ -303,5 +303,27 @@ TEST(LayoutBound, AFailureSeenAtOneSizeIsNotCompiledAgain) {
   EXPECT_EQ(layouts->hits(), 2 * options.size());
 }
 
+// Options that leave the protocol or the channels to the compiler are laid out by size, and a compile that ran out
+// of memory says nothing about its option: neither is shared with the other sizes.
+TEST(LayoutBound, SizeDependentOptionsAreNotShared) {
+  LayoutBounds layouts;
+  compiler::CompileOptions fixed;
+  fixed.protocol = core::Protocol::Simple;
+  fixed.channels = 2;
+  fixed.slices = 2;
+  compiler::CompileOptions noProtocol = fixed;
+  noProtocol.protocol.reset();
+  compiler::CompileOptions noChannels = fixed;
+  noChannels.channels = 0;
+  for (const compiler::CompileOptions& o : {fixed, noProtocol, noChannels}) layouts.insert(o, {sim::BoundCurve{}, "x"});
+  EXPECT_TRUE(layouts.find(fixed).has_value());
+  EXPECT_FALSE(layouts.find(noProtocol).has_value());
+  EXPECT_FALSE(layouts.find(noChannels).has_value());
+  EXPECT_EQ(layouts.size(), 1u);
+  compiler::CompileOptions otherSize = fixed;
+  otherSize.sizeBytes = 12345;
+  EXPECT_TRUE(layouts.find(otherSize).has_value());
+}
+
 }  // namespace
 }  // namespace optiflow::synth

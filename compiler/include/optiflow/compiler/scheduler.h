@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "optiflow/compiler/verifier.h"
@@ -57,8 +58,12 @@ struct CompileResult {
   std::string summary;    // one line: "12 thread blocks/rank max, 3 channels, Simple, 4 slices, ..."
 };
 
+// The error of a compile that ran out of memory: the one failure that says nothing about the program or options.
+inline constexpr std::string_view kOutOfMemory = "out of memory while compiling";
+
 // Errors: a malformed intent (validateIntent), limits that cannot be met (naming the limit and what exceeded it),
-// sizes beyond the IR's limits, or (a bug) a schedule the verifier did not prove, with its first findings.
+// sizes beyond the IR's limits, kOutOfMemory, or (a bug) a schedule the verifier did not prove, with its first
+// findings.
 core::Result<CompileResult> compile(const core::IntentProgram& intent, const core::Topology& topology,
                                     const CompileOptions& options = {});
 
