@@ -140,13 +140,9 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
         }
         return false;
       }
-      if (hint.layouts && LayoutBounds::keeps(options[i])) {
-        sim::BoundCurve curve = sim::boundCurve(layout->schedule, *network_, layoutParams);
-        out.floorUs = curve.at(sizeBytes);
-        if (curve.ok()) hint.layouts->insert(options[i], {std::move(curve), {}});  // not ok: out of memory
-      } else {
-        out.floorUs = sim::lowerBoundUs(layout->schedule, *network_, sizeBytes, layoutParams);
-      }
+      sim::BoundCurve curve = sim::boundCurve(layout->schedule, *network_, layoutParams);
+      out.floorUs = curve.at(sizeBytes);
+      if (hint.layouts && curve.ok()) hint.layouts->insert(options[i], {std::move(curve), {}});  // not ok: no memory
       layout->schedule = core::Schedule{};  // only the bound was wanted
       out.layout = std::move(layout).value();
       return true;
