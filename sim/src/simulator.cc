@@ -298,6 +298,8 @@ class Engine {
   const SimParams& p_;
   NodeSymmetry sym_;
   int fold_ = 1;             // nodes each simulated node stands for (1: every rank is simulated)
+  bool mayStop_ = false;     // SimParams::stopAtUs applies to this run (setUp)
+  bool stopped_ = false;     // a step ended after it
   bool unfoldable_ = false;  // a folded path crosses one link twice: simulate every rank instead
   int proto_ = 0;
   double eff_ = 1;
@@ -736,6 +738,11 @@ void Engine::simulateExact() {
     switch (e.type()) {
       case Ev::StepEnd:
         onStepEnd(e.a);
+        // A step's end is never after the makespan (unlike a superseded head or drain event's time).
+        if (mayStop_ && now_ > p_.stopAtUs) {
+          stopped_ = true;
+          return;
+        }
         break;
       case Ev::FlowDrain:
         if (flows_.current(e.a, e.version())) onDrain(e.a);
@@ -781,6 +788,11 @@ std::string Engine::setUp() {
   iterChunk_ = it.chunkBytes;
   exactIters_ = it.exact;
   t0_ = startUs(p_, proto_);
+  // Only where no exact iteration is extrapolated, or simulate() will not run again with more of them: an
+  // extrapolated time is never below the makespan, but a run that is not yet steady is replaced by the next.
+  mayStop_ =
+      p_.stopAtUs > 0 && (iterations_ <= static_cast<std::uint64_t>(exactIters_) ||
+                          exactIters_ < p_.maxExactIterations || p_.maxExactIterations >= kMaxAdaptiveIterations);
 
   if (fold_ > 1) {
     // A link all nodes share carries every node's image of each flow on it.
@@ -810,6 +822,12 @@ SimResult Engine::run() {
   r.events = events_;
   r.steps = static_cast<std::uint64_t>(nSteps_) * exactIters_;
   r.symmetry = sym_;
+  if (stopped_) {
+    r.ok = true;
+    r.cutOff = true;
+    r.timeUs = now_;
+    return r;
+  }
 
   // Deadlock: steps that never completed.
   const std::size_t ni = static_cast<std::size_t>(nSteps_) * exactIters_;
@@ -974,7 +992,7 @@ SimResult simulate(const core::Schedule& schedule, const Network& network, std::
     SimParams p = params;
     const NodeSymmetry sym = foldingOf(schedule, network, p);
     SimResult r = Engine(schedule, network, sizeBytes, p, sym).run();
-    while (r.ok && r.extrapolated && !r.steady && r.simulatedIterations == p.maxExactIterations &&
+    while (r.ok && !r.cutOff && r.extrapolated && !r.steady && r.simulatedIterations == p.maxExactIterations &&
            p.maxExactIterations < kMaxAdaptiveIterations) {
       p.maxExactIterations = std::min(kMaxAdaptiveIterations, p.maxExactIterations * 2);
       r = Engine(schedule, network, sizeBytes, p, sym).run();

@@ -266,7 +266,7 @@ std::vector<Candidate> BuiltinProposer::propose(const ProposalContext& ctx) {
       return ctx.history[static_cast<std::size_t>(a)].sizes[s].timeUs <
              ctx.history[static_cast<std::size_t>(b)].sizes[s].timeUs;
     });
-    for (std::size_t k = 1; k < std::min<std::size_t>(ok.size(), 3); ++k) {
+    for (std::size_t k = 1; k < std::min(ok.size(), kRanked); ++k) {
       if (std::find(parents.begin(), parents.end(), ok[k]) == parents.end()) parents.push_back(ok[k]);
     }
   }

@@ -168,10 +168,13 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
         }
       }
       if (incumbent && hint.pruneAboveUs > 0 && incumbent->floorUs <= hint.pruneAboveUs) {
-        incumbentSim = sim::simulate(incumbent->compiled.schedule, *network_, sizeBytes, params_);
+        sim::SimParams screen = params_;
+        if (hint.stopAboveUs > 0) screen.stopAtUs = std::max(hint.stopAboveUs, hint.pruneAboveUs);
+        incumbentSim = sim::simulate(incumbent->compiled.schedule, *network_, sizeBytes, screen);
         if (incumbentSim->ok && incumbentSim->timeUs > hint.pruneAboveUs) {
           best.ok = true;
           best.screened = true;
+          best.stopped = incumbentSim->cutOff;
           best.timeUs = incumbentSim->timeUs;
           best.options = options[0];
           best.compiled = std::move(incumbent->compiled);
@@ -221,12 +224,20 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
         screen(o);
         return;
       }
-      sim::SimResult r = first && incumbentSim ? std::move(*incumbentSim)
-                                               : sim::simulate(o.compiled.schedule, *network_, sizeBytes, params_);
+      sim::SimResult r;
+      if (first && incumbentSim) {
+        r = std::move(*incumbentSim);
+      } else {
+        // Only an option faster than the best so far matters: its simulation stops once it is not.
+        sim::SimParams p = params_;
+        if (best.ok) p.stopAtUs = best.timeUs;
+        r = sim::simulate(o.compiled.schedule, *network_, sizeBytes, p);
+      }
       if (!r.ok) {
         if (simError.empty()) simError = "simulator: " + r.error;
         return;
       }
+      if (r.cutOff) return;
       if (!best.ok || r.timeUs < best.timeUs) {
         best.ok = true;
         best.timeUs = r.timeUs;

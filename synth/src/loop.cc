@@ -55,12 +55,14 @@ void baselines(const core::Topology& topo, const SynthConfig& cfg, Evaluator& ev
   auto timeOf = [&](const sim::NcclPrediction& p, double beat) -> double {
     auto s = sim::ncclScheduleFor(topo, cfg.collective, p, base);
     if (!s) return 0;
-    const sim::SimParams params = sim::ncclSimParams(p, cfg.params);
+    sim::SimParams params = sim::ncclSimParams(p, cfg.params);
     if (beat > 0 && ev.boundNccl(*s, sb.sizeBytes, params) >= beat) return 0;
     if (beat > 0 && core::totalSteps(*s) > kMaxSweepSteps) {
       ++skipped;
       return 0;
     }
+    // Only whether it beats `beat` matters: the simulation may stop once it cannot.
+    params.stopAtUs = beat;
     return ev.timeNccl(*s, sb.sizeBytes, params);
   };
   sb.nccl = nativeOf(pred, timeOf(pred, 0));
@@ -345,6 +347,7 @@ class Loop {
         hints[s].first = incumbentOptions_[s];
         // The screens compare simulated times: a measured best's own simulated time.
         hints[s].pruneAboveUs = (sb.measured ? sb.simulatedUs : sb.bestUs) * kScreenMargin;
+        hints[s].stopAboveUs = slowestTimeRead(s);
       }
     }
     // The sizes of one candidate in parallel: each depends only on the state before the candidate, so the result
@@ -365,6 +368,7 @@ class Loop {
       if (e.ok) {
         sr.timeUs = e.timeUs;
         sr.config = configOf(e.options, e) + (e.boundOnly  ? " (screened: time_us is its lower bound)"
+                                              : e.stopped  ? " (screened: simulated up to time_us, a lower bound)"
                                               : e.screened ? " (screened)"
                                                            : "");
         sr.bottleneck = e.bottleneck;
@@ -379,6 +383,21 @@ class Loop {
     }
     res_.history.push_back(std::move(rec));
     return improved;
+  }
+
+  // The slowest of the times at size s the proposer reads (the fastest k), or 0 (it reads every one, fewer than k
+  // are known, or measurements may reorder them): a candidate screened there may stop its simulation past it.
+  double slowestTimeRead(std::size_t s) const {
+    // Measured times replace simulated ones after the round, which may reorder them.
+    if (ev_.measuresRounds()) return 0;
+    const std::size_t k = proposer_.timesReadPerSize();
+    std::vector<double> times;
+    for (const CandidateRecord& r : res_.history) {
+      if (r.stage == "ok" && s < r.sizes.size() && r.sizes[s].ok) times.push_back(r.sizes[s].timeUs);
+    }
+    if (k == 0 || times.size() < k) return 0;
+    std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(k - 1), times.end());
+    return times[k - 1];
   }
 
   // A round without a measurement: every schedule it would have measured keeps its simulated time, marked so.

@@ -6,10 +6,12 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "optiflow/core/collective.h"
 #include "optiflow/core/fixtures.h"
+#include "optiflow/sim/nccl_schedules.h"
 #include "optiflow/sim/network.h"
 
 namespace optiflow::sim {
@@ -519,6 +521,66 @@ TEST(Simulator, ExtrapolationMatchesExactSimulation) {
     EXPECT_TRUE(b.extrapolated);
     EXPECT_NEAR(b.timeUs, a.timeUs, a.timeUs * 0.01) << t;
   }
+}
+
+// A caller that only asks whether a schedule finishes by some time (SimParams::stopAtUs) gets either the full
+// result, bit for bit, or a cut-off one whose time is past the stop and not past the full time. A time that may be
+// replaced by a longer exact simulation (extrapolated from iterations that are not yet steady) is never cut.
+TEST(Simulator, StopAtUsCutsOnlyPastItAndNeverChangesAFinishedTime) {
+  int cut = 0;
+  int whole = 0;
+  int rerun = 0;
+  for (const char* t : {"dgx-a100x2", "dgx-h100x4"}) {
+    const auto topo = preset(t);
+    const auto net = network(topo);
+    core::fixtures::RingOptions o;
+    o.nRanks = topo.nRanks();
+    o.channels = 2;
+    NcclScheduleOptions tree;
+    tree.channels = 2;
+    // NCCL's trees take longer than rings to reach a steady pipeline: simulate() runs them again with more exact
+    // iterations.
+    for (const auto& s : {core::fixtures::ringAllGather(o), core::fixtures::ringReduceScatter(o),
+                          core::fixtures::ringAllReduce(o), ncclTreeAllReduce(topo, tree)}) {
+      for (std::uint64_t size : {kKiB, 3 * kMiB + 5, 64 * kMiB, kGiB}) {
+        for (bool fold : {true, false}) {
+          SimParams p;
+          p.foldSymmetricNodes = fold;
+          const SimResult full = simulate(s, net, size, p);
+          ASSERT_TRUE(full.ok) << full.error;
+          ASSERT_FALSE(full.cutOff);
+          rerun += full.simulatedIterations > p.maxExactIterations ? 1 : 0;
+          for (double f : {0.0, 0.3, 0.7, 0.999, 1.0, 1.5}) {
+            const std::string what = fmt::format("{} {} at {}, fold {}, stop {} x", t, s.name, size, fold, f);
+            p.stopAtUs = f * full.timeUs;
+            const SimResult r = simulate(s, net, size, p);
+            ASSERT_TRUE(r.ok) << what << ": " << r.error;
+            if (r.cutOff) {
+              ++cut;
+              EXPECT_GT(r.timeUs, p.stopAtUs) << what;
+              EXPECT_LE(r.timeUs, full.timeUs) << what;
+              EXPECT_TRUE(r.links.empty() && r.criticalPath.empty()) << what;
+              EXPECT_EQ(r.bottleneckLink, -1) << what;
+            } else {
+              ++whole;
+              EXPECT_EQ(r.timeUs, full.timeUs) << what;
+              EXPECT_EQ(r.bottleneckLink, full.bottleneckLink) << what;
+            }
+            if (f == 0.0 || f >= 1.0) {
+              EXPECT_FALSE(r.cutOff) << what;
+            }
+            // Nothing extrapolated: the run is the one simulate() returns, and it stops soon after the stop.
+            if (!full.extrapolated && f == 0.3) {
+              EXPECT_TRUE(r.cutOff) << what;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(cut, 40);
+  EXPECT_GT(whole, 100);
+  EXPECT_GT(rerun, 2);
 }
 
 TEST(Simulator, AllReduceAndReduceScatterRings) {

@@ -296,6 +296,74 @@ TEST(SynthLoop, IsDeterministicForASeed) {
   EXPECT_EQ(a.roundsRun, b.roundsRun);
 }
 
+// The built-in proposer, reading every time (so every screening simulation runs to its end).
+class EveryTimeRead : public Proposer {
+ public:
+  explicit EveryTimeRead(std::uint64_t seed) : inner_(seed) {}
+  std::string_view name() const override { return inner_.name(); }
+  std::vector<Candidate> propose(const ProposalContext& c) override { return inner_.propose(c); }
+
+ private:
+  BuiltinProposer inner_;
+};
+
+// The built-in proposer reads the fastest few times at each size; a candidate screened above those stops its
+// simulation early and records where it stopped, a lower bound. Against the same run with every time read, the
+// candidates, the search and the bests are the same, and the only times that differ are stopped ones, each at most
+// the full simulation's.
+TEST(SynthLoop, ScreensStopOnlyAboveTheTimesTheProposerReads) {
+  const core::Topology topo = loadPreset("dgx-a100x2");
+  SynthConfig cfg;
+  cfg.collective = core::Collective::AllReduce;
+  cfg.sizes = {64 * kKiB, 4 * kMiB, 64 * kMiB};
+  cfg.rounds = 3;
+  cfg.threads = 2;
+  BuiltinProposer stopping(3);
+  SimEvaluator e1(topo, cfg.params);
+  const SynthResult a = runSynthesis(topo, cfg, stopping, e1);
+  EveryTimeRead reading(3);
+  SimEvaluator e2(topo, cfg.params);
+  const SynthResult b = runSynthesis(topo, cfg, reading, e2);
+  ASSERT_EQ(a.history.size(), b.history.size());
+  int stopped = 0;
+  int same = 0;
+  for (std::size_t i = 0; i < a.history.size(); ++i) {
+    const CandidateRecord& x = a.history[i];
+    const CandidateRecord& y = b.history[i];
+    ASSERT_EQ(x.text, y.text) << x.id;
+    ASSERT_EQ(x.stage, y.stage) << x.id;
+    ASSERT_EQ(x.sizes.size(), y.sizes.size());
+    for (std::size_t s = 0; s < x.sizes.size(); ++s) {
+      const SizeResult& got = x.sizes[s];
+      const SizeResult& full = y.sizes[s];
+      ASSERT_EQ(got.ok, full.ok) << x.id;
+      if (got.timeUs == full.timeUs && got.config == full.config) {
+        ++same;
+        continue;
+      }
+      ++stopped;
+      const std::string what = fmt::format("{} at {}: {} ({}) against {} ({})", x.id, got.sizeBytes, got.timeUs,
+                                           got.config, full.timeUs, full.config);
+      EXPECT_NE(got.config.find("(screened: simulated up to time_us, a lower bound)"), std::string::npos) << what;
+      EXPECT_NE(full.config.find("(screened)"), std::string::npos) << what;
+      EXPECT_EQ(got.config.substr(0, got.config.find(' ')), full.config.substr(0, full.config.find(' '))) << what;
+      EXPECT_LE(got.timeUs, full.timeUs) << what;
+      // Past the screen's cutoff, 1.10x the best of its time.
+      EXPECT_GT(got.timeUs, a.sizes[s].bestUs * 1.10) << what;
+    }
+  }
+  ASSERT_EQ(a.sizes.size(), b.sizes.size());
+  for (std::size_t s = 0; s < a.sizes.size(); ++s) {
+    EXPECT_EQ(a.sizes[s].best, b.sizes[s].best);
+    EXPECT_EQ(a.sizes[s].bestUs, b.sizes[s].bestUs);
+    EXPECT_EQ(a.sizes[s].config, b.sizes[s].config);
+  }
+  EXPECT_GT(stopped, 10);
+  EXPECT_GT(same, 10);
+  ::testing::Test::RecordProperty("stopped", stopped);
+  ::testing::Test::RecordProperty("same", same);
+}
+
 TEST(SynthLoop, StopsAtTheRoundBudget) {
   SynthConfig cfg = smallConfig(1, 8);
   ScriptedProposer proposer({{gallery("allgather_ring.ofl")}, {gallery("allgather_direct.ofl")}});

@@ -116,6 +116,10 @@ struct SimParams {
   // Simulate one node for all of them where the schedule is node-symmetric (nodeSymmetry): the same result,
   // docs/simulator.md "Symmetric schedules"; off, every rank is simulated.
   bool foldSymmetricNodes = true;
+  // > 0: stop once a step ends after this time, for a caller that only needs to know whether the schedule finishes
+  // by then (the result is then SimResult::cutOff). Where simulate() would extrapolate from iterations that are not
+  // yet steady it runs on: only a time it would return can be cut.
+  double stopAtUs = 0;
 };
 
 // How a schedule looks alike from many nodes of its cluster: renumbering the nodes by every shift by a multiple of
@@ -186,6 +190,9 @@ struct SimResult {
   std::vector<CriticalStep> criticalPath;  // first to last; the last entry is the last step to finish
   std::uint64_t steps = 0;                 // step instances simulated
   std::uint64_t events = 0;                // events processed
+  // Stopped past SimParams::stopAtUs: timeUs is when it stopped, above stopAtUs and never above the full simulation's
+  // time; links, bottleneck and critical path are empty.
+  bool cutOff = false;
   NodeSymmetry symmetry;  // folded (kind != None): only the ranks of nodes 0 .. period-1 were simulated (steps, events,
                           // the critical path)
 };

@@ -20,6 +20,9 @@ class BuiltinProposer : public Proposer {
   explicit BuiltinProposer(std::uint64_t seed = 1);
   std::string_view name() const override { return "builtin"; }
   std::vector<Candidate> propose(const ProposalContext& context) override;
+  // The leader and the runners-up at each size.
+  std::size_t timesReadPerSize() const override { return kRanked; }
+  static constexpr std::size_t kRanked = 3;
 
  private:
   std::mt19937_64 rng_;

@@ -54,6 +54,10 @@ struct EvalHint {
   // > 0: stop after the first option when it is slower than this, and never simulate an option whose lower bound
   // (sim::lowerBoundUs) is above it (Evaluation::screened).
   double pruneAboveUs = 0;
+  // > 0 (with pruneAboveUs): the simulation that screens the first options may stop once past max(this,
+  // pruneAboveUs); the screened evaluation then reports where it stopped (Evaluation::stopped). The loop sets it
+  // where nothing reads a time above it.
+  double stopAboveUs = 0;
   bool verify = true;  // prove the winner (the loop proves only winners that become the best at a size)
   std::shared_ptr<LayoutBounds> layouts;  // shared by one candidate's sizes; null: each size lays its options out
 };
@@ -80,7 +84,7 @@ class Evaluator {
   // Must be safe to call from several threads at once (the loop evaluates the sizes of a candidate in parallel).
   virtual Evaluation evaluate(const core::IntentProgram& intent, std::uint64_t sizeBytes, const EvalHint& hint) = 0;
   // Times NCCL's own algorithm (as a schedule) the same way, so that baselines and candidates are comparable;
-  // 0 when the evaluator cannot run it.
+  // 0 when the evaluator cannot run it. With params.stopAtUs > 0, a time at or above it only says "not sooner".
   virtual double timeNccl(const core::Schedule& schedule, std::uint64_t sizeBytes, const sim::SimParams& params) = 0;
   // A time timeNccl can never beat for this schedule (0: unknown), so that configurations that cannot win are
   // not timed.

@@ -49,6 +49,7 @@ struct Evaluation {
   std::string bottleneck;  // the busiest link and its utilisation, e.g. "node0/mlx5_0->rail0 (97%)"
   bool screened = false;   // only the first options were tried: they were already too slow (EvalHint)
   bool boundOnly = false;  // screened before simulating: timeUs is sim::lowerBoundUs of the best option, not a time
+  bool stopped = false;    // screened, its simulation stopped past the cutoff: timeUs is a lower bound, not a time
   bool proven = false;     // the winner went through the verifier and passed
 };
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -63,6 +64,10 @@ class Proposer {
   virtual std::string_view name() const = 0;
   // Never throws for bad feedback or a failing backend: returns fewer (or no) candidates and logs why.
   virtual std::vector<Candidate> propose(const ProposalContext& context) = 0;
+  // How many of the fastest times at each size propose() reads. A candidate screened at a size whose time is above
+  // those may be recorded with a lower bound instead (its simulation stopped early), which changes nothing it reads.
+  // The default: every time is read.
+  virtual std::size_t timesReadPerSize() const { return std::numeric_limits<std::size_t>::max(); }
 };
 
 }  // namespace optiflow::synth
