@@ -6,6 +6,7 @@
 #include "optiflow/sim/simulator.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <unordered_map>
@@ -300,6 +301,7 @@ class Engine {
   int fold_ = 1;             // nodes each simulated node stands for (1: every rank is simulated)
   bool mayStop_ = false;     // SimParams::stopAtUs applies to this run (setUp)
   bool stopped_ = false;     // a step ended after it
+  bool timedOut_ = false;    // SimParams::deadline passed
   bool unfoldable_ = false;  // a folded path crosses one link twice: simulate every rank instead
   int proto_ = 0;
   double eff_ = 1;
@@ -716,6 +718,11 @@ void Engine::simulateExact() {
   for (int g = 0; g < nSteps_; ++g) {
     if (pending_[g] == 0) start(g);
   }
+  std::uint32_t sinceClock = 0;  // events since the deadline was last read
+  if (p_.deadline && std::chrono::steady_clock::now() > *p_.deadline) {
+    timedOut_ = true;
+    return;
+  }
   for (;;) {
     Event e;
     if (!q_.empty() && q_.top().time == now_) {
@@ -735,6 +742,10 @@ void Engine::simulateExact() {
       break;
     }
     ++events_;
+    if (p_.deadline && (++sinceClock & 4095) == 0 && std::chrono::steady_clock::now() > *p_.deadline) {
+      timedOut_ = true;
+      return;
+    }
     switch (e.type()) {
       case Ev::StepEnd:
         onStepEnd(e.a);
@@ -810,6 +821,11 @@ std::string Engine::setUp() {
 SimResult Engine::run() {
   if (std::string err = setUp(); !err.empty()) return failure(std::move(err), size_);
   simulateExact();
+  if (timedOut_) {
+    SimResult r = failure("the time budget ran out during the simulation", size_);
+    r.timedOut = true;
+    return r;
+  }
 
   SimResult r;
   r.sizeBytes = size_;

@@ -1,6 +1,7 @@
 #include "optiflow/synth/evaluator.h"
 
 #include <algorithm>
+#include <chrono>
 #include <new>
 #include <optional>
 #include <string>
@@ -17,6 +18,8 @@ namespace {
 bool sameOptions(const compiler::CompileOptions& a, const compiler::CompileOptions& b) {
   return a.protocol == b.protocol && a.channels == b.channels && a.slices == b.slices;
 }
+
+struct OutOfTime {};  // EvalHint::deadline passed: the evaluation ends without a result
 
 }  // namespace
 
@@ -73,6 +76,17 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
     return best;
   }
   try {
+    auto checkTime = [&] {
+      if (hint.deadline && std::chrono::steady_clock::now() > *hint.deadline) throw OutOfTime{};
+    };
+    sim::SimParams timed = params_;
+    timed.deadline = hint.deadline;
+    auto simulate = [&](const core::Schedule& s, const sim::SimParams& p) {
+      checkTime();
+      sim::SimResult r = sim::simulate(s, *network_, sizeBytes, p);
+      if (r.timedOut) throw OutOfTime{};
+      return r;
+    };
     std::vector<compiler::CompileOptions> options = candidateOptions(intent, sizeBytes);
     bool rotated = false;  // the incumbent's options are options[0]
     if (hint.first) {
@@ -131,6 +145,7 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
           return true;
         }
       }
+      checkTime();
       auto layout = compiler::compileLayout(intent, topology_, options[i]);
       if (!layout) {
         compileErrors[i] = layout.error().message;
@@ -163,14 +178,15 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
         if (aboveCutoff(p)) {
           pending.push_back({0, p.floorUs, std::nullopt});
         } else {
+          checkTime();
           incumbent = bounded(
               0, p.layout ? compiler::compile(std::move(*p.layout)) : compiler::compile(intent, topology_, options[0]));
         }
       }
       if (incumbent && hint.pruneAboveUs > 0 && incumbent->floorUs <= hint.pruneAboveUs) {
-        sim::SimParams screen = params_;
+        sim::SimParams screen = timed;
         if (hint.stopAboveUs > 0) screen.stopAtUs = std::max(hint.stopAboveUs, hint.pruneAboveUs);
-        incumbentSim = sim::simulate(incumbent->compiled.schedule, *network_, sizeBytes, screen);
+        incumbentSim = simulate(incumbent->compiled.schedule, screen);
         if (incumbentSim->ok && incumbentSim->timeUs > hint.pruneAboveUs) {
           best.ok = true;
           best.screened = true;
@@ -200,6 +216,7 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
     const auto heapOrder = [&](const Option& a, const Option& b) { return before(b, a); };
     std::size_t next = 0;  // pending[next ..] are not compiled
     auto compileNext = [&] {
+      checkTime();
       Pending& p = pending[next];
       auto o = bounded(p.index, p.layout ? compiler::compile(std::move(*p.layout))
                                          : compiler::compile(intent, topology_, options[p.index]));
@@ -229,9 +246,9 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
         r = std::move(*incumbentSim);
       } else {
         // Only an option faster than the best so far matters: its simulation stops once it is not.
-        sim::SimParams p = params_;
+        sim::SimParams p = timed;
         if (best.ok) p.stopAtUs = best.timeUs;
-        r = sim::simulate(o.compiled.schedule, *network_, sizeBytes, p);
+        r = simulate(o.compiled.schedule, p);
       }
       if (!r.ok) {
         if (simError.empty()) simError = "simulator: " + r.error;
@@ -311,6 +328,10 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
   } catch (const std::bad_alloc&) {
     best = Evaluation{};
     best.error = "out of memory";
+  } catch (const OutOfTime&) {
+    best = Evaluation{};
+    best.outOfTime = true;
+    best.error = "not evaluated: the time budget ran out";
   }
   return best;
 }

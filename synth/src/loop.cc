@@ -343,6 +343,11 @@ class Loop {
       const SizeBest& sb = res_.sizes[s];
       hints[s].verify = false;
       hints[s].layouts = layouts;
+      // A size the budget leaves unfinished is recorded as not evaluated; the run then stops.
+      if (cfg_.timeBudgetS > 0) {
+        hints[s].deadline =
+            start_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(cfg_.timeBudgetS));
+      }
       if (sb.best >= 0) {
         hints[s].first = incumbentOptions_[s];
         // The screens compare simulated times: a measured best's own simulated time.

@@ -1,5 +1,6 @@
 #include "optiflow/sim/simulator.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -581,6 +582,30 @@ TEST(Simulator, StopAtUsCutsOnlyPastItAndNeverChangesAFinishedTime) {
   EXPECT_GT(cut, 40);
   EXPECT_GT(whole, 100);
   EXPECT_GT(rerun, 2);
+}
+
+// A caller with a time budget (the synthesizer's --time-budget) gives the simulator a wall-clock deadline: past it
+// the run gives up with an error that says so; a deadline that does not pass changes nothing.
+TEST(Simulator, GivesUpAtItsDeadline) {
+  const auto topo = preset("dgx-a100x2");
+  const auto net = network(topo);
+  core::fixtures::RingOptions o;
+  o.nRanks = topo.nRanks();
+  o.channels = 4;
+  const Schedule s = core::fixtures::ringAllReduce(o);
+  const SimResult full = simulate(s, net, 256 * kMiB);
+  ASSERT_TRUE(full.ok) << full.error;
+  SimParams p;
+  p.deadline = std::chrono::steady_clock::now() - std::chrono::seconds(1);
+  const SimResult late = simulate(s, net, 256 * kMiB, p);
+  EXPECT_FALSE(late.ok);
+  EXPECT_TRUE(late.timedOut);
+  EXPECT_NE(late.error.find("time budget"), std::string::npos) << late.error;
+  p.deadline = std::chrono::steady_clock::now() + std::chrono::hours(1);
+  const SimResult inTime = simulate(s, net, 256 * kMiB, p);
+  ASSERT_TRUE(inTime.ok) << inTime.error;
+  EXPECT_FALSE(inTime.timedOut);
+  EXPECT_EQ(inTime.timeUs, full.timeUs);
 }
 
 TEST(Simulator, AllReduceAndReduceScatterRings) {

@@ -4,6 +4,7 @@
 // on every option of every program a seeded synthesis run evaluates (gallery programs and their mutations), at
 // latency- and bandwidth-bound sizes.
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -275,6 +276,34 @@ TEST(LayoutBound, EvaluationsAreTheOnesOfCompilingEveryOption) {
   EXPECT_GT(sharedLayouts, 20u);  // options bounded from another evaluation's layout
   ::testing::Test::RecordProperty("compared", compared);
   ::testing::Test::RecordProperty("shared-layouts", static_cast<int>(sharedLayouts));
+}
+
+// An evaluation past its deadline starts nothing and says why; one whose deadline does not pass is the same as
+// without one.
+TEST(LayoutBound, AnEvaluationPastItsDeadlineEndsWithoutAResult) {
+  auto topo = core::presetTopology("dgx-a100x2");
+  ASSERT_TRUE(topo.ok());
+  SimEvaluator evaluator(*topo, sim::SimParams{});
+  for (const EmbeddedProgram& p : galleryPrograms()) {
+    if (p.file != "allgather_hier_rail.ofl") continue;
+    const Frontend f = parseAndExpand(p.text, p.file, *topo, {});
+    ASSERT_TRUE(f.ok());
+    EvalHint h;
+    h.verify = false;
+    const Evaluation free = evaluator.evaluate(*f.intent, 16 << 20, h);
+    ASSERT_TRUE(free.ok) << free.error;
+    h.deadline = std::chrono::steady_clock::now() - std::chrono::seconds(1);
+    const Evaluation late = evaluator.evaluate(*f.intent, 16 << 20, h);
+    EXPECT_FALSE(late.ok);
+    EXPECT_TRUE(late.outOfTime);
+    EXPECT_EQ(late.error, "not evaluated: the time budget ran out");
+    EXPECT_FALSE(late.compiled.has_value());
+    h.deadline = std::chrono::steady_clock::now() + std::chrono::hours(1);
+    const Evaluation inTime = evaluator.evaluate(*f.intent, 16 << 20, h);
+    EXPECT_EQ(describe(inTime), describe(free));
+    return;
+  }
+  FAIL() << "allgather_hier_rail.ofl is not in the gallery";
 }
 
 // An option that failed to lay out at one size of a candidate fails at every size (a layout does not depend on the

@@ -470,6 +470,44 @@ TEST(SynthLoop, StopsStartingCandidatesWhenTheTimeBudgetRunsOutMidRound) {
   EXPECT_LE(proposer.seen.size(), 1u);
 }
 
+// Waits past the deadline before the largest size's evaluation, as a candidate that takes longer than the budget
+// on a large cluster would.
+class OverrunningEvaluator : public Evaluator {
+ public:
+  OverrunningEvaluator(const core::Topology& topo, std::uint64_t slowSize) : sim_(topo, {}), slowSize_(slowSize) {}
+  std::string_view name() const override { return "overrunning"; }
+  Evaluation evaluate(const core::IntentProgram& intent, std::uint64_t sizeBytes, const EvalHint& hint) override {
+    if (sizeBytes == slowSize_ && hint.deadline) {
+      std::this_thread::sleep_until(*hint.deadline + std::chrono::milliseconds(20));
+    }
+    return sim_.evaluate(intent, sizeBytes, hint);
+  }
+  double timeNccl(const core::Schedule& schedule, std::uint64_t sizeBytes, const sim::SimParams& params) override {
+    return sim_.timeNccl(schedule, sizeBytes, params);
+  }
+
+ private:
+  SimEvaluator sim_;
+  std::uint64_t slowSize_;
+};
+
+// The time budget bounds the run, not only when candidates start: an evaluation under way when it runs out stops,
+// its size is recorded as not evaluated (no best from it), and no other candidate starts.
+TEST(SynthLoop, AnEvaluationUnderWayStopsWhenTheTimeBudgetRunsOut) {
+  SynthConfig cfg = smallConfig(4, 8);
+  cfg.timeBudgetS = 3.0;  // the baselines of one DGX take milliseconds, also under the sanitizers
+  ScriptedProposer proposer({{gallery("allgather_ring.ofl"), gallery("allgather_direct.ofl")}});
+  OverrunningEvaluator evaluator(dgxA100(), cfg.sizes.back());
+  const SynthResult res = runSynthesis(dgxA100(), cfg, proposer, evaluator);
+  EXPECT_EQ(res.stopReason, "time budget");
+  ASSERT_EQ(res.history.size(), 1u);
+  const SizeResult& late = res.history[0].sizes.back();
+  EXPECT_FALSE(late.ok);
+  EXPECT_EQ(late.error, "not evaluated: the time budget ran out");
+  EXPECT_EQ(res.sizes.back().best, -1);
+  EXPECT_FALSE(res.sizes.back().schedule.has_value());
+}
+
 TEST(SynthLoop, RecordsBadCandidatesWithTheirErrorsAndGoesOn) {
   SynthConfig cfg = smallConfig(1, 8);
   ScriptedProposer proposer({{

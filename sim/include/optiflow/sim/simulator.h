@@ -14,6 +14,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -120,6 +121,9 @@ struct SimParams {
   // by then (the result is then SimResult::cutOff). Where simulate() would extrapolate from iterations that are not
   // yet steady it runs on: only a time it would return can be cut.
   double stopAtUs = 0;
+  // Wall clock: past it the run gives up (SimResult::timedOut), for a caller with a time budget. Checked every few
+  // thousand events, so a run overshoots it by milliseconds.
+  std::optional<std::chrono::steady_clock::time_point> deadline;
 };
 
 // How a schedule looks alike from many nodes of its cluster: renumbering the nodes by every shift by a multiple of
@@ -193,6 +197,7 @@ struct SimResult {
   // Stopped past SimParams::stopAtUs: timeUs is when it stopped, above stopAtUs and never above the full simulation's
   // time; links, bottleneck and critical path are empty.
   bool cutOff = false;
+  bool timedOut = false;  // gave up at SimParams::deadline: ok is false
   NodeSymmetry symmetry;  // folded (kind != None): only the ranks of nodes 0 .. period-1 were simulated (steps, events,
                           // the critical path)
 };

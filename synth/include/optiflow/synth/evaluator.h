@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -60,6 +61,8 @@ struct EvalHint {
   double stopAboveUs = 0;
   bool verify = true;  // prove the winner (the loop proves only winners that become the best at a size)
   std::shared_ptr<LayoutBounds> layouts;  // shared by one candidate's sizes; null: each size lays its options out
+  // Wall clock: past it no compile or simulation starts and one under way stops (Evaluation::outOfTime).
+  std::optional<std::chrono::steady_clock::time_point> deadline;
 };
 
 // One schedule of a round to measure: a candidate's verified schedule at one size.

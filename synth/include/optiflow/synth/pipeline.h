@@ -50,6 +50,7 @@ struct Evaluation {
   bool screened = false;   // only the first options were tried: they were already too slow (EvalHint)
   bool boundOnly = false;  // screened before simulating: timeUs is sim::lowerBoundUs of the best option, not a time
   bool stopped = false;    // screened, its simulation stopped past the cutoff: timeUs is a lower bound, not a time
+  bool outOfTime = false;  // EvalHint::deadline passed before it finished: no result (error says so)
   bool proven = false;     // the winner went through the verifier and passed
 };
 
