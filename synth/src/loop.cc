@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -100,6 +101,9 @@ class Loop {
 
   SynthResult run() {
     start_ = Clock::now();
+    if (cfg_.timeBudgetS > 0) {
+      deadline_ = start_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(cfg_.timeBudgetS));
+    }
     const sim::BoundModel bounds(topo_);
     const auto& eff = cfg_.params.linkEfficiency;
     const sim::BoundModel effBounds(sim::effectiveTopology(topo_, eff[0], eff[1], eff[2]));
@@ -216,7 +220,7 @@ class Loop {
     core::parallelFor(n, cfg_.threads, [&](std::size_t i) { fn(n - 1 - i); });
   }
 
-  bool outOfTime() const { return cfg_.timeBudgetS > 0 && secondsSince(start_) >= cfg_.timeBudgetS; }
+  bool outOfTime() const { return deadline_ && Clock::now() >= *deadline_; }
 
   std::vector<int> bestIndices() const {
     std::vector<int> out;
@@ -343,11 +347,7 @@ class Loop {
       const SizeBest& sb = res_.sizes[s];
       hints[s].verify = false;
       hints[s].layouts = layouts;
-      // A size the budget leaves unfinished is recorded as not evaluated; the run then stops.
-      if (cfg_.timeBudgetS > 0) {
-        hints[s].deadline =
-            start_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(cfg_.timeBudgetS));
-      }
+      hints[s].deadline = deadline_;  // a size it leaves unfinished is recorded as not evaluated; the run then stops
       if (sb.best >= 0) {
         hints[s].first = incumbentOptions_[s];
         // The screens compare simulated times: a measured best's own simulated time.
@@ -503,6 +503,7 @@ class Loop {
   const std::function<void(const ProgressEvent&)>& progress_;
   const std::function<bool()>& keepGoing_;
   Clock::time_point start_;
+  std::optional<Clock::time_point> deadline_;  // the time budget's end, if any
   SynthResult res_;
   std::set<std::string> seen_;
   std::map<std::size_t, compiler::CompileOptions> incumbentOptions_;
