@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <span>
 
 namespace optiflow::sim::detail {
 
@@ -9,7 +10,7 @@ namespace {
 
 // Components with at most this many binding links pick the next link to freeze by a scan (a round costs one pass
 // over a few dense arrays), larger ones with a lazy heap (a round costs the links that changed).
-constexpr std::size_t kScanLinks = 512;
+constexpr std::size_t kScanLinks = 64;
 
 }  // namespace
 
@@ -25,7 +26,13 @@ void FlowModel::init(const Network& net, const SimParams& p, const std::vector<i
     cap_[l] = share ? fullCap_[l] * (*share)[l] : fullCap_[l];
   }
   sumMax_.assign(nl, 0);
-  linkFlows_.assign(nl, {});
+  linkCount_.assign(nl, 0);
+  linkBundles_.assign(nl, {});
+  bundles_.clear();
+  freeBundles_.clear();
+  pathCanon_.assign(paths.size(), -1);
+  canonOf_.clear();
+  canonBundles_.clear();
   busySince_.assign(nl, 0);
   busyUs_.assign(nl, 0);
   linkBytes_.assign(nl, 0);
@@ -34,23 +41,97 @@ void FlowModel::init(const Network& net, const SimParams& p, const std::vector<i
 }
 
 void FlowModel::linkAdd(int l, int flow, double now) {
-  if (linkFlows_[l].empty()) busySince_[l] = now;
-  linkFlows_[l].push_back(flow);
+  if (linkCount_[l]++ == 0) busySince_[l] = now;
   sumMax_[l] += flows_[flow].maxRate;
 }
 
 void FlowModel::linkRemove(int l, int flow, double now) {
-  auto& v = linkFlows_[l];
-  auto it = std::find(v.begin(), v.end(), flow);
-  if (it != v.end()) {
-    *it = v.back();
-    v.pop_back();
-  }
-  if (v.empty()) {
+  if (--linkCount_[l] == 0) {
     busyUs_[l] += now - busySince_[l];
     sumMax_[l] = 0;  // no drift
   } else {
     sumMax_[l] -= flows_[flow].maxRate;
+  }
+}
+
+int FlowModel::canonPath(int pathStart, int pathLen) {
+  int& c = pathCanon_[static_cast<std::size_t>(pathStart)];
+  if (c < 0) {
+    const auto links = std::span<const int>(*paths_).subspan(pathStart, pathLen);
+    auto [it, added] =
+        canonOf_.try_emplace(std::vector<int>(links.begin(), links.end()), static_cast<int>(canonBundles_.size()));
+    if (added) canonBundles_.emplace_back();
+    c = it->second;
+  }
+  return c;
+}
+
+// Puts flow f (path and maxRate set) into the bundle of its path and maximum rate, a new one if none is live.
+int FlowModel::joinBundle(int f) {
+  Flow& fl = flows_[f];
+  const int canon = canonPath(fl.pathStart, fl.pathLen);
+  int b = -1;
+  for (int c : canonBundles_[static_cast<std::size_t>(canon)]) {
+    if (bundles_[c].maxRate == fl.maxRate) b = c;
+  }
+  if (b < 0) {
+    if (!freeBundles_.empty()) {
+      b = freeBundles_.back();
+      freeBundles_.pop_back();
+    } else {
+      b = static_cast<int>(bundles_.size());
+      bundles_.emplace_back();
+    }
+    Bundle& nb = bundles_[b];
+    nb.pathStart = fl.pathStart;
+    nb.pathLen = fl.pathLen;
+    nb.maxRate = fl.maxRate;
+    nb.canon = canon;
+    canonBundles_[static_cast<std::size_t>(canon)].push_back(b);
+    for (int l : bundlePath(b)) linkBundles_[l].push_back(b);
+  }
+  fl.bundle = b;
+  fl.slot = static_cast<int>(bundles_[b].members.size());
+  bundles_[b].members.push_back(f);
+  return b;
+}
+
+void FlowModel::leaveBundle(int f) {
+  Flow& fl = flows_[f];
+  Bundle& b = bundles_[fl.bundle];
+  const int last = b.members.back();
+  b.members[fl.slot] = last;
+  flows_[last].slot = fl.slot;
+  b.members.pop_back();
+  if (b.members.empty()) {
+    auto drop = [&](std::vector<int>& v) {
+      auto it = std::find(v.begin(), v.end(), fl.bundle);
+      *it = v.back();
+      v.pop_back();
+    };
+    drop(canonBundles_[static_cast<std::size_t>(b.canon)]);
+    for (int l : bundlePath(fl.bundle)) drop(linkBundles_[l]);
+    freeBundles_.push_back(fl.bundle);
+  }
+  fl.bundle = -1;
+}
+
+bool FlowModel::bundleBinds(int b) const {
+  for (int l : bundlePath(b)) {
+    if (binding(l)) return true;
+  }
+  return false;
+}
+
+// Every member of bundle b joins the component (and b the bundles to search from).
+void FlowModel::addBundle(int b) {
+  bundleStamp_[b] = stamp_;
+  compBundles_.push_back(b);
+  for (int f : bundles_[b].members) {
+    if (flowStamp_[f] != stamp_) {
+      flowStamp_[f] = stamp_;
+      compFlows_.push_back(f);
+    }
   }
 }
 
@@ -60,25 +141,40 @@ void FlowModel::linkRemove(int l, int flow, double now) {
 void FlowModel::recompute(double now) {
   ++stamp_;
   if (flowStamp_.size() < flows_.size()) flowStamp_.resize(flows_.size(), 0);
+  if (bundleStamp_.size() < bundles_.size()) bundleStamp_.resize(bundles_.size(), 0);
   compFlows_.clear();
   compLinks_.clear();
+  compBundles_.clear();
+  looseMax_ = kInf;
+  looseMaxHi_ = 0;
+  // The component a search by flow finds: the seeds, then every flow on a binding link of a flow in it. A flow on
+  // a binding link brings its whole bundle (they share the link); a seed on no binding link comes alone, as the
+  // flows of a bundle on a link a flow left (they were on that link, which could bind then).
   for (int f : seeds_) {
     // A seed may have finished since (its id free, or reused by a flow started later in the instant: then it is a
     // seed in its own right).
     if (flowStamp_[f] == stamp_ || flows_[f].inst < 0 || flows_[f].wire <= 0) continue;
-    flowStamp_[f] = stamp_;
-    compFlows_.push_back(f);
+    const int b = flows_[f].bundle;
+    if (bundleStamp_[b] != stamp_ && bundleBinds(b)) {
+      addBundle(b);
+    } else if (bundleStamp_[b] != stamp_) {
+      flowStamp_[f] = stamp_;
+      compFlows_.push_back(f);
+      looseMax_ = std::min(looseMax_, flows_[f].maxRate);
+      looseMaxHi_ = std::max(looseMaxHi_, flows_[f].maxRate);
+    }
   }
-  for (std::size_t i = 0; i < compFlows_.size(); ++i) {
-    for (int l : flowPath(compFlows_[i])) {
+  for (int b : seedBundles_) {
+    // A bundle id may have been freed since, or reused by flows started in the instant (seeds themselves).
+    if (bundleStamp_[b] != stamp_ && !bundles_[b].members.empty()) addBundle(b);
+  }
+  for (std::size_t i = 0; i < compBundles_.size(); ++i) {
+    for (int l : bundlePath(compBundles_[i])) {
       if (linkStamp_[l] == stamp_ || !binding(l)) continue;
       linkStamp_[l] = stamp_;
       compLinks_.push_back(l);
-      for (int g : linkFlows_[l]) {
-        if (flowStamp_[g] != stamp_) {
-          flowStamp_[g] = stamp_;
-          compFlows_.push_back(g);
-        }
+      for (int b : linkBundles_[l]) {
+        if (bundleStamp_[b] != stamp_) addBundle(b);
       }
     }
   }
@@ -99,10 +195,11 @@ void FlowModel::recompute(double now) {
   // Progressive filling. Flows in (maxRate, id) order: the cap freezes take them in that order, and applyRates
   // schedules their drain events in it. Usually every flow of a component has the same maxRate (same link
   // capacities), and then the order is the ids': a large component is then listed from the stamps directly.
+  // (A bundle's members share its maxRate; the flows that came alone are summed up by their least and greatest.)
   const double firstMax = flows_[compFlows_[0]].maxRate;
-  bool uniform = true;
-  for (int f : compFlows_) uniform = uniform && flows_[f].maxRate == firstMax;
-  if (uniform && compFlows_.size() * 8 >= flows_.size()) {
+  bool uniform = looseMax_ == kInf || (looseMax_ == firstMax && looseMaxHi_ == firstMax);
+  for (int b : compBundles_) uniform = uniform && bundles_[b].maxRate == firstMax;
+  if (uniform && compFlows_.size() * 32 >= flows_.size()) {
     const std::size_t n = compFlows_.size();
     compFlows_.clear();
     for (std::size_t f = 0; f < flows_.size() && compFlows_.size() < n; ++f) {
@@ -121,7 +218,14 @@ void FlowModel::recompute(double now) {
   // than a heap there (a link without unfrozen flows has share +inf, which never wins over a flow's finite cap).
   const std::size_t nLinks = compLinks_.size();
   const bool scan = nLinks <= kScanLinks;
-  std::sort(compLinks_.begin(), compLinks_.end());
+  if (nLinks * 16 >= linkStamp_.size()) {
+    compLinks_.clear();
+    for (std::size_t l = 0; l < linkStamp_.size() && compLinks_.size() < nLinks; ++l) {
+      if (linkStamp_[l] == stamp_) compLinks_.push_back(static_cast<int>(l));
+    }
+  } else {
+    std::sort(compLinks_.begin(), compLinks_.end());
+  }
   remL_.resize(nLinks);
   cntL_.resize(nLinks);
   shareL_.resize(nLinks);
@@ -129,17 +233,18 @@ void FlowModel::recompute(double now) {
     const int l = compLinks_[j];
     linkLocal_[l] = static_cast<int>(j);
     remL_[j] = cap_[l];
-    cntL_[j] = static_cast<int>(linkFlows_[l].size());
+    cntL_[j] = linkCount_[l];
     shareL_[j] = remL_[j] / cntL_[j];
   }
   if (!scan) {
-    heap_.clear();
-    for (std::size_t j = 0; j < nLinks; ++j) heap_.emplace_back(shareL_[j], static_cast<int>(j));
-    std::make_heap(heap_.begin(), heap_.end(), std::greater<>());
-    isDirty_.assign(nLinks, 0);
-    dirty_.clear();
+    heap_.resize(nLinks);
+    heapPos_.resize(nLinks);
+    for (std::size_t j = 0; j < nLinks; ++j) heap_[j] = static_cast<int>(j);
+    std::make_heap(heap_.begin(), heap_.end(), [&](int a, int b) { return linkBefore(b, a); });
+    for (std::size_t i = 0; i < nLinks; ++i) heapPos_[heap_[i]] = static_cast<int>(i);
   }
   for (int f : compFlows_) frozen_[f] = 0;
+  for (int b : compBundles_) bundles_[b].unfrozen = static_cast<int>(bundles_[b].members.size());
   std::size_t capIdx = 0;
   std::size_t left = compFlows_.size();
   while (left > 0) {
@@ -154,25 +259,11 @@ void FlowModel::recompute(double now) {
         while (shareL_[link] != linkShare) ++link;
       }
     } else {
-      // Lazy heap: every link whose share changed in the last round gets one entry with its new share; entries
-      // that no longer match their link's share are stale. The least valid entry is the least (share, link).
-      for (int j : dirty_) {
-        isDirty_[j] = 0;
-        if (cntL_[j] > 0) {
-          heap_.emplace_back(shareL_[j], j);
-          std::push_heap(heap_.begin(), heap_.end(), std::greater<>());
-        }
-      }
-      dirty_.clear();
-      while (!heap_.empty()) {
-        const auto [sh, j] = heap_.front();
-        if (cntL_[j] > 0 && sh == shareL_[j]) {
-          linkShare = sh;
-          link = j;
-          break;
-        }
-        std::pop_heap(heap_.begin(), heap_.end(), std::greater<>());
-        heap_.pop_back();
+      // Indexed heap of the component's links by (share, link), each link moved to its place as its share changes
+      // (a link without unfrozen flows sinks at +inf): the least is on top.
+      if (shareL_[heap_[0]] < kInf) {
+        link = heap_[0];
+        linkShare = shareL_[link];
       }
     }
     const double capShare = capIdx < compFlows_.size() ? flows_[compFlows_[capIdx]].maxRate : kInf;
@@ -180,10 +271,9 @@ void FlowModel::recompute(double now) {
       freeze(compFlows_[capIdx], capShare, scan);
       --left;
     } else if (link >= 0) {
-      for (int f : linkFlows_[compLinks_[link]]) {
-        if (frozen_[f]) continue;
-        freeze(f, linkShare, scan);
-        --left;
+      for (int b : linkBundles_[compLinks_[link]]) {
+        left -= static_cast<std::size_t>(bundles_[b].unfrozen);
+        freezeBundle(b, linkShare, scan);
       }
     } else {
       break;  // cannot happen: every flow has a finite maxRate
@@ -192,18 +282,66 @@ void FlowModel::recompute(double now) {
   applyRates(now);
 }
 
+void FlowModel::heapFix(int j) {
+  auto place = [&](std::size_t i, int v) {
+    heap_[i] = v;
+    heapPos_[v] = static_cast<int>(i);
+  };
+  std::size_t i = static_cast<std::size_t>(heapPos_[j]);
+  while (i > 0 && linkBefore(j, heap_[(i - 1) / 2])) {
+    place(i, heap_[(i - 1) / 2]);
+    i = (i - 1) / 2;
+  }
+  for (;;) {
+    std::size_t c = 2 * i + 1;
+    if (c >= heap_.size()) break;
+    if (c + 1 < heap_.size() && linkBefore(heap_[c + 1], heap_[c])) ++c;
+    if (!linkBefore(heap_[c], j)) break;
+    place(i, heap_[c]);
+    i = c;
+  }
+  place(i, j);
+}
+
+void FlowModel::linkUpdated(int j, bool scan) {
+  shareL_[j] = cntL_[j] > 0 ? std::max(0.0, remL_[j]) / cntL_[j] : kInf;
+  if (!scan) heapFix(j);
+}
+
+// One flow frozen at `rate` (its own maximum).
 void FlowModel::freeze(int f, double rate, bool scan) {
   frozen_[f] = 1;
   newRate_[f] = rate;
+  const int b = flows_[f].bundle;
+  if (bundleStamp_[b] != stamp_) return;  // alone on links that cannot bind
+  --bundles_[b].unfrozen;
   for (int l : flowPath(f)) {
     if (linkStamp_[l] != stamp_) continue;
     const int j = linkLocal_[l];
     remL_[j] -= rate;
-    shareL_[j] = --cntL_[j] > 0 ? std::max(0.0, remL_[j]) / cntL_[j] : kInf;
-    if (!scan && !isDirty_[j]) {  // one heap entry per changed link and round
-      isDirty_[j] = 1;
-      dirty_.push_back(j);
-    }
+    --cntL_[j];
+    linkUpdated(j, scan);
+  }
+}
+
+// Every unfrozen member of bundle b frozen at `rate` (a link's share). Each link gets the subtraction once per
+// member, as a freeze per flow does, so the links' remainders are those bits.
+void FlowModel::freezeBundle(int b, double rate, bool scan) {
+  Bundle& bd = bundles_[b];
+  const int n = bd.unfrozen;
+  if (n == 0) return;
+  for (int f : bd.members) {
+    if (frozen_[f]) continue;
+    frozen_[f] = 1;
+    newRate_[f] = rate;
+  }
+  bd.unfrozen = 0;
+  for (int l : bundlePath(b)) {
+    if (linkStamp_[l] != stamp_) continue;
+    const int j = linkLocal_[l];
+    for (int k = 0; k < n; ++k) remL_[j] -= rate;
+    cntL_[j] -= n;
+    linkUpdated(j, scan);
   }
 }
 
@@ -247,6 +385,7 @@ int FlowModel::start(int inst, int pathStart, int pathLen, double wire, double m
     return f;
   }
   for (int l : flowPath(f)) linkAdd(l, f, now);
+  joinBundle(f);
   seeds_.push_back(f);
   return f;
 }
@@ -255,6 +394,7 @@ void FlowModel::flush(double now) {
   drains_.clear();
   recompute(now);
   seeds_.clear();
+  seedBundles_.clear();
 }
 
 void FlowModel::finish(int f, double now) {
@@ -265,11 +405,10 @@ void FlowModel::finish(int f, double now) {
       linkBytes_[l] += fl.wire;
       // Only a link that could bind (with f still on it) can pass f's freed share to others.
       if (!binding(l)) continue;
-      for (int g : linkFlows_[l]) {
-        if (g != f) seeds_.push_back(g);
-      }
+      for (int b : linkBundles_[l]) seedBundles_.push_back(b);
     }
     for (int l : flowPath(f)) linkRemove(l, f, now);
+    leaveBundle(f);
     fl.version = (fl.version + 1) & kVersionMask;  // keeps reuse of the id safe
     fl.inst = -1;
     freeFlows_.push_back(f);

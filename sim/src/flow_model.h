@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <span>
 #include <utility>
 #include <vector>
@@ -33,8 +34,23 @@ struct Flow {
   double maxRate = kInf;  // min(cap, every link's effective capacity)
   int pathStart = 0;      // its connection's path in the paths given to init (copied: the hot loops read it often)
   int pathLen = 0;
+  int bundle = -1;  // its bundle (FlowModel::Bundle), and its index among the bundle's members
+  int slot = 0;
   std::uint32_t version = 0;  // 29 bits travel in events; wraps harmlessly
   bool fresh = false;         // started, no drain event scheduled yet
+};
+
+// The active flows on one path (by its links, whatever the connection) with one maximum rate. Max-min fairness gives
+// them one rate, so the search for a component and the freezes by a link go by bundle: on a cluster where every rank
+// sends to one peer over several channels at once, a bundle holds one flow per channel, and the work per rate
+// change shrinks by that factor. The rates are those of a search by flow, bit for bit (FlowModel::recompute).
+struct Bundle {
+  int pathStart = 0;
+  int pathLen = 0;
+  double maxRate = 0;
+  int canon = -1;            // its path's id (FlowModel::canonPath)
+  std::vector<int> members;  // flow ids, in no order; empty while the id is free
+  int unfrozen = 0;          // scratch for recompute: members not yet frozen
 };
 
 // A flow whose drain time is (re)set: the event loop schedules a drain event for it at `time`.
@@ -63,7 +79,7 @@ class FlowModel {
   // becomes free.
   void finish(int f, double now);
   // Whether starts or finishes since the last flush() may have changed rates.
-  bool dirty() const { return !seeds_.empty(); }
+  bool dirty() const { return !seeds_.empty() || !seedBundles_.empty(); }
   // New rates for every flow the instant's starts and finishes can affect; drains() then holds the drain events to
   // schedule, and rate() the new rates.
   void flush(double now);
@@ -73,6 +89,8 @@ class FlowModel {
   int instOf(int f) const { return flows_[f].inst; }
   double rate(int f) const { return flows_[f].rate; }
   const std::vector<Drain>& drains() const { return drains_; }
+  // The binding links the last flush() searched (tests: that large components were exercised).
+  std::size_t componentLinks() const { return compLinks_.size(); }
 
   // Per link (Network link id): effective capacity (bytes per us), wire bytes of drained flows, time with >= 1 flow.
   const std::vector<double>& capacity() const { return cap_; }
@@ -84,6 +102,16 @@ class FlowModel {
   std::span<const int> flowPath(int f) const {
     return std::span<const int>(*paths_).subspan(flows_[f].pathStart, flows_[f].pathLen);
   }
+  std::span<const int> bundlePath(int b) const {
+    return std::span<const int>(*paths_).subspan(bundles_[b].pathStart, bundles_[b].pathLen);
+  }
+  int canonPath(int pathStart, int pathLen);
+  int joinBundle(int f);
+  void leaveBundle(int f);
+  bool bundleBinds(int b) const;
+  void addBundle(int b);
+  void freezeBundle(int b, double rate, bool scan);
+  void linkUpdated(int j, bool scan);
   void settle(Flow& f, double now) {
     f.remaining -= f.rate * (now - f.last);
     f.last = now;
@@ -102,13 +130,25 @@ class FlowModel {
   std::vector<double> cap_;      // effective wire bytes per us, scaled by the share
   std::vector<double> fullCap_;  // effective wire bytes per us
   std::vector<double> sumMax_;
-  std::vector<std::vector<int>> linkFlows_;
+  std::vector<int> linkCount_;                 // flows on each link
+  std::vector<std::vector<int>> linkBundles_;  // bundles on each link, in no order
+  std::vector<Bundle> bundles_;
+  std::vector<int> freeBundles_;
+  // Paths by their links: pathCanon_ per path start (-1 until first seen), canonOf_ from the links to the id, and
+  // per id the live bundles on it (one per maximum rate, almost always one).
+  std::vector<int> pathCanon_;
+  std::map<std::vector<int>, int> canonOf_;
+  std::vector<std::vector<int>> canonBundles_;
   std::vector<double> busySince_, busyUs_, linkBytes_;
   // scratch for recompute
   std::vector<std::uint32_t> flowStamp_, linkStamp_;
   std::uint32_t stamp_ = 0;
   std::vector<int> compFlows_, compLinks_;
-  std::vector<int> seeds_;  // flows whose rate the instant's starts and finishes may change (ids may be stale)
+  std::vector<int> seeds_;        // flows the instant started (ids may be stale)
+  std::vector<int> seedBundles_;  // bundles on a binding link a flow left (ids may be stale)
+  std::vector<std::uint32_t> bundleStamp_;
+  std::vector<int> compBundles_;
+  double looseMax_ = 0, looseMaxHi_ = 0;  // least and greatest maxRate of the flows that joined alone
   std::vector<char> frozen_;
   std::vector<double> newRate_;
   std::vector<int> linkLocal_;  // per link: its index in compLinks_ (valid while linkStamp_ == stamp_)
@@ -117,10 +157,10 @@ class FlowModel {
   std::vector<double> remL_, shareL_;
   std::vector<int> cntL_;
   std::vector<std::pair<double, int>> sortBuf_;
-  // Lazy min-heap of (share, component link) for large components, and the links whose share changed in this round.
-  std::vector<std::pair<double, int>> heap_;
-  std::vector<int> dirty_;
-  std::vector<char> isDirty_;
+  // Min-heap of the component links by (share, link) for large components, and each link's place in it.
+  bool linkBefore(int a, int b) const { return shareL_[a] < shareL_[b] || (shareL_[a] == shareL_[b] && a < b); }
+  void heapFix(int j);
+  std::vector<int> heap_, heapPos_;
 };
 
 }  // namespace optiflow::sim::detail
