@@ -163,7 +163,7 @@ class Loop {
           timeUp = true;
           break;
         }
-        improved |= evaluateCandidate(round, static_cast<int>(k), cands[k]);
+        improved |= evaluateCandidate(round, static_cast<int>(k), cands[k], cands.size() - k);
         if (measuring) {
           pending.emplace_back(static_cast<int>(k), res_.history.size() - 1);
         } else {
@@ -310,7 +310,8 @@ class Loop {
     return gain;
   }
 
-  bool evaluateCandidate(int round, int k, const Candidate& cand) {
+  // `left`: the round's candidates not yet evaluated, this one included (its share of the time budget).
+  bool evaluateCandidate(int round, int k, const Candidate& cand, std::size_t left) {
     CandidateRecord rec;
     rec.id = fmt::format("r{}c{}", round, k);
     rec.round = round;
@@ -343,11 +344,22 @@ class Loop {
     std::vector<Evaluation> evals(n);
     std::vector<EvalHint> hints(n);
     const auto layouts = std::make_shared<LayoutBounds>();
+    // Under a time budget a candidate gets an even share of what is left to the round's candidates not yet
+    // evaluated, so that one that is slow to evaluate (a schedule that does not fold on 1024 GPUs) cannot use up
+    // the budget of the others. A size it leaves unfinished is recorded as not evaluated; a candidate that finishes
+    // early leaves its time to the ones after it.
+    std::optional<Clock::time_point> share;
+    double shareS = 0;
+    if (deadline_) {
+      const Clock::time_point now = Clock::now();
+      share = now + (*deadline_ - now) / static_cast<long>(std::max<std::size_t>(left, 1));
+      shareS = std::chrono::duration<double>(*share - now).count();
+    }
     for (std::size_t s = 0; s < n; ++s) {
       const SizeBest& sb = res_.sizes[s];
       hints[s].verify = false;
       hints[s].layouts = layouts;
-      hints[s].deadline = deadline_;  // a size it leaves unfinished is recorded as not evaluated; the run then stops
+      hints[s].deadline = share;
       if (sb.best >= 0) {
         hints[s].first = incumbentOptions_[s];
         // The screens compare simulated times: a measured best's own simulated time.
@@ -370,6 +382,10 @@ class Loop {
       sr.ncclUs = sb.nccl.timeUs;
       sr.ok = e.ok;
       sr.error = e.error;
+      if (e.outOfTime && left > 1) {
+        sr.error = fmt::format("not evaluated: its share of the time budget ran out ({:.1f} s, 1/{} of what was left)",
+                               shareS, left);
+      }
       if (e.ok) {
         sr.timeUs = e.timeUs;
         sr.config = configOf(e.options, e) + (e.boundOnly  ? " (screened: time_us is its lower bound)"

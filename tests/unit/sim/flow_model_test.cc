@@ -40,7 +40,8 @@ std::vector<double> maxMinRates(const std::vector<Active>& active, const std::ve
     for (std::size_t i = 0; i < n; ++i) {
       if (frozen[i]) continue;
       const Conn& c = conns[static_cast<std::size_t>(active[i].conn)];
-      for (int k = 0; k < c.pathLen; ++k) ++cnt[static_cast<std::size_t>(paths[static_cast<std::size_t>(c.pathStart + k)])];
+      for (int k = 0; k < c.pathLen; ++k)
+        ++cnt[static_cast<std::size_t>(paths[static_cast<std::size_t>(c.pathStart + k)])];
     }
     double level = std::numeric_limits<double>::infinity();
     for (std::size_t l = 0; l < cap.size(); ++l) {
@@ -58,12 +59,14 @@ std::vector<double> maxMinRates(const std::vector<Active>& active, const std::ve
       if (frozen[i]) continue;
       const Conn& c = conns[static_cast<std::size_t>(active[i].conn)];
       bool hold = c.maxRate <= level * (1 + 1e-12);
-      for (int k = 0; k < c.pathLen; ++k) hold = hold || full[static_cast<std::size_t>(paths[static_cast<std::size_t>(c.pathStart + k)])];
+      for (int k = 0; k < c.pathLen; ++k)
+        hold = hold || full[static_cast<std::size_t>(paths[static_cast<std::size_t>(c.pathStart + k)])];
       if (!hold) continue;
       frozen[i] = 1;
       rate[i] = level;
       --left;
-      for (int k = 0; k < c.pathLen; ++k) rem[static_cast<std::size_t>(paths[static_cast<std::size_t>(c.pathStart + k)])] -= level;
+      for (int k = 0; k < c.pathLen; ++k)
+        rem[static_cast<std::size_t>(paths[static_cast<std::size_t>(c.pathStart + k)])] -= level;
     }
   }
   return rate;
@@ -132,7 +135,8 @@ std::size_t runScenario(const char* preset, unsigned seed, int instants, int nPa
     for (int k = 0; k < starts; ++k) {
       const int c = anyConn(rng);
       const Conn& cn = conns[static_cast<std::size_t>(c)];
-      const int f = fm.start(inst++, cn.pathStart, cn.pathLen, 1e6 + static_cast<double>(rng() % 1000) * 1e3, cn.maxRate, now);
+      const int f =
+          fm.start(inst++, cn.pathStart, cn.pathLen, 1e6 + static_cast<double>(rng() % 1000) * 1e3, cn.maxRate, now);
       active.push_back({f, c});
     }
     if (fm.dirty()) {
@@ -161,7 +165,8 @@ TEST(FlowModel, RatesAreMaxMinFairAfterEveryInstant) {
 TEST(FlowModel, LargeComponentsAreMaxMinFairToo) {
   // Enough flows at once that components span more links than the scan handles (the lazy heap then picks them).
   std::size_t largest = 0;
-  for (unsigned seed = 1; seed <= 3; ++seed) largest = std::max(largest, runScenario("dgx-h100x16", seed, 120, 400, 40));
+  for (unsigned seed = 1; seed <= 3; ++seed)
+    largest = std::max(largest, runScenario("dgx-h100x16", seed, 120, 400, 40));
   EXPECT_GT(largest, 64u);
 }
 

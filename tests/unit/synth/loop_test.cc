@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "optiflow/compiler/verifier.h"
@@ -470,14 +471,16 @@ TEST(SynthLoop, StopsStartingCandidatesWhenTheTimeBudgetRunsOutMidRound) {
   EXPECT_LE(proposer.seen.size(), 1u);
 }
 
-// Waits past the deadline before the largest size's evaluation, as a candidate that takes longer than the budget
-// on a large cluster would.
+// Waits past the deadline it is given before evaluating: at the largest size (as a candidate that takes longer than
+// the budget on a large cluster would), or at every size of the programs with one name (a candidate slow to
+// evaluate among fast ones).
 class OverrunningEvaluator : public Evaluator {
  public:
-  OverrunningEvaluator(const core::Topology& topo, std::uint64_t slowSize) : sim_(topo, {}), slowSize_(slowSize) {}
+  OverrunningEvaluator(const core::Topology& topo, std::uint64_t slowSize, std::string slowProgram = {})
+      : sim_(topo, {}), slowSize_(slowSize), slowProgram_(std::move(slowProgram)) {}
   std::string_view name() const override { return "overrunning"; }
   Evaluation evaluate(const core::IntentProgram& intent, std::uint64_t sizeBytes, const EvalHint& hint) override {
-    if (sizeBytes == slowSize_ && hint.deadline) {
+    if ((sizeBytes == slowSize_ || intent.name == slowProgram_) && hint.deadline) {
       std::this_thread::sleep_until(*hint.deadline + std::chrono::milliseconds(20));
     }
     return sim_.evaluate(intent, sizeBytes, hint);
@@ -489,10 +492,12 @@ class OverrunningEvaluator : public Evaluator {
  private:
   SimEvaluator sim_;
   std::uint64_t slowSize_;
+  std::string slowProgram_;
 };
 
 // The time budget bounds the run, not only when candidates start: an evaluation under way when it runs out stops,
-// its size is recorded as not evaluated (no best from it), and no other candidate starts.
+// its size is recorded as not evaluated (no best from it), and no other candidate starts. Of two candidates the
+// first had half the budget (then its share ran out), the second the rest (then the budget ran out).
 TEST(SynthLoop, AnEvaluationUnderWayStopsWhenTheTimeBudgetRunsOut) {
   SynthConfig cfg = smallConfig(4, 8);
   cfg.timeBudgetS = 3.0;  // the baselines of one DGX take milliseconds, also under the sanitizers
@@ -500,12 +505,39 @@ TEST(SynthLoop, AnEvaluationUnderWayStopsWhenTheTimeBudgetRunsOut) {
   OverrunningEvaluator evaluator(dgxA100(), cfg.sizes.back());
   const SynthResult res = runSynthesis(dgxA100(), cfg, proposer, evaluator);
   EXPECT_EQ(res.stopReason, "time budget");
-  ASSERT_EQ(res.history.size(), 1u);
-  const SizeResult& late = res.history[0].sizes.back();
-  EXPECT_FALSE(late.ok);
-  EXPECT_EQ(late.error, "not evaluated: the time budget ran out");
+  ASSERT_EQ(res.history.size(), 2u);
+  const SizeResult& first = res.history[0].sizes.back();
+  EXPECT_FALSE(first.ok);
+  EXPECT_THAT(first.error, ::testing::StartsWith("not evaluated: its share of the time budget ran out ("));
+  EXPECT_THAT(first.error, ::testing::EndsWith(" s, 1/2 of what was left)"));
+  const SizeResult& last = res.history[1].sizes.back();
+  EXPECT_FALSE(last.ok);
+  EXPECT_EQ(last.error, "not evaluated: the time budget ran out");
   EXPECT_EQ(res.sizes.back().best, -1);
   EXPECT_FALSE(res.sizes.back().schedule.has_value());
+}
+
+// A candidate that is slow to evaluate gets its share of the budget and no more: the ones after it are evaluated
+// in full within the rest. Without the shares the slow first candidate would use the whole budget.
+TEST(SynthLoop, ASlowCandidateLeavesTheOthersTheirShareOfTheTimeBudget) {
+  SynthConfig cfg = smallConfig(1, 8);
+  cfg.timeBudgetS = 9.0;  // 3 s for the slow one; ring and direct on one DGX take well under a second each
+  ScriptedProposer proposer(
+      {{gallery("allgather_bruck.ofl"), gallery("allgather_ring.ofl"), gallery("allgather_direct.ofl")}});
+  OverrunningEvaluator evaluator(dgxA100(), 0, "bruck");
+  const SynthResult res = runSynthesis(dgxA100(), cfg, proposer, evaluator);
+  ASSERT_EQ(res.history.size(), 3u);
+  EXPECT_EQ(res.history[0].name, "bruck");
+  for (const SizeResult& sr : res.history[0].sizes) {
+    EXPECT_FALSE(sr.ok);
+    EXPECT_THAT(sr.error, ::testing::StartsWith("not evaluated: its share of the time budget ran out ("));
+    EXPECT_THAT(sr.error, ::testing::EndsWith(" s, 1/3 of what was left)"));
+  }
+  for (std::size_t c = 1; c < 3; ++c) {
+    for (const SizeResult& sr : res.history[c].sizes) EXPECT_TRUE(sr.ok) << res.history[c].name << ": " << sr.error;
+  }
+  for (const SizeBest& sb : res.sizes) EXPECT_GE(sb.best, 1);
+  EXPECT_EQ(res.stopReason, "round budget");
 }
 
 TEST(SynthLoop, RecordsBadCandidatesWithTheirErrorsAndGoesOn) {

@@ -23,8 +23,9 @@ namespace optiflow::synth {
 struct SynthConfig {
   core::Collective collective = core::Collective::AllGather;
   std::vector<std::uint64_t> sizes;
-  int rounds = 8;                   // at most this many rounds
-  double timeBudgetS = 0;           // stop starting new candidates after this long; 0 = no limit
+  int rounds = 8;  // at most this many rounds
+  double timeBudgetS =
+      0;  // wall clock for the run, shared out among a round's candidates (docs/synthesis.md); 0 = none
   int candidatesPerRound = 8;       // asked of the proposer each round
   int patience = 3;                 // converged after this many rounds without a gain of `minGain` at any size
   double minGain = 0.005;           // relative
