@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <memory>
 #include <new>
+#include <span>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -683,6 +685,69 @@ Schedule Scheduler::emit(bool deps) const {
   return s;
 }
 
+LimitBounds::LimitBounds(const IntentProgram& in, int slices) : n_(in.nRanks), parts_(in.parts), slices_(slices) {
+  // The hops (a relayed transfer has two) per (rank, direction): the peer and the program chunk.
+  begin_.assign(2 * static_cast<std::size_t>(n_) + 1, 0);
+  auto forHops = [&](auto&& fn) {
+    for (const core::Transfer& t : in.transfers) {
+      fn(t.src, t.via >= 0 ? t.via : t.dst, t.chunk);
+      if (t.via >= 0) fn(t.via, t.dst, t.chunk);
+    }
+  };
+  forHops([&](int a, int b, int) {
+    ++begin_[2 * static_cast<std::size_t>(a) + 1];
+    ++begin_[2 * static_cast<std::size_t>(b) + 2];
+  });
+  for (std::size_t k = 1; k < begin_.size(); ++k) begin_[k] += begin_[k - 1];
+  legs_.resize(begin_.back());
+  std::vector<std::size_t> at(begin_.begin(), begin_.end() - 1);
+  forHops([&](int a, int b, int chunk) {
+    legs_[at[2 * static_cast<std::size_t>(a)]++] = {b, chunk};
+    legs_[at[2 * static_cast<std::size_t>(b) + 1]++] = {a, chunk};
+  });
+}
+
+LimitBounds::Blocks LimitBounds::blocks(int channels) {
+  Blocks out;
+  std::vector<int> perChannel(static_cast<std::size_t>(channels));
+  counts_.assign(static_cast<std::size_t>(n_) * static_cast<std::size_t>(channels), 0);
+  for (std::size_t k = 0; k + 1 < begin_.size(); ++k) {
+    std::fill(perChannel.begin(), perChannel.end(), 0);
+    int distinct = 0;
+    for (const Leg& l : bucket(k)) {
+      for (int j = 0; j < slices_; ++j) {
+        const int c = channelOf(l.chunk, j, slices_, channels, parts_);
+        if (std::exchange(count(l.peer, c, channels), 1) == 0) {
+          ++perChannel[static_cast<std::size_t>(c)];
+          ++distinct;
+        }
+      }
+    }
+    clear(k, channels);
+    out.perRank = std::max(out.perRank, distinct);
+    out.perChannel = std::max(out.perChannel, *std::max_element(perChannel.begin(), perChannel.end()));
+  }
+  return out;
+}
+
+int LimitBounds::steps(int channels, int cap) {
+  counts_.assign(static_cast<std::size_t>(n_) * static_cast<std::size_t>(channels), 0);
+  int most = 0;
+  for (std::size_t k = 0; k + 1 < begin_.size() && most <= cap; ++k) {
+    for (const Leg& l : bucket(k)) {
+      for (int j = 0; j < slices_; ++j) {
+        most = std::max(most, ++count(l.peer, channelOf(l.chunk, j, slices_, channels, parts_), channels));
+      }
+    }
+    clear(k, channels);
+  }
+  return most;
+}
+
+void LimitBounds::clear(std::size_t k, int channels) {
+  for (const Leg& l : bucket(k)) std::fill_n(&count(l.peer, 0, channels), channels, 0);
+}
+
 }  // namespace detail
 
 namespace {
@@ -708,6 +773,25 @@ Protocol chooseProtocol(const IntentProgram& intent, std::uint64_t sizeBytes) {
 namespace {
 
 core::Diagnostic failure(std::string m) { return core::Diagnostic{"<compiler>", 0, 0, std::move(m)}; }
+
+// Past this many channels the limit on steps is not checked at every channel count in advance.
+constexpr int kMaxChannelsChecked = 64;
+
+// `atLeast`: counted by LimitBounds, not by a build.
+std::string tooManyBlocks(int perChannel, int perRank, int channels, const ExecutorLimits& lim, bool atLeast) {
+  return fmt::format(
+      "a rank needs {}{} thread blocks on one channel ({} in all) with {} channel{}; the executor allows {} per "
+      "channel and {} per rank: use fewer peers per rank (e.g. a hierarchical program) or fewer channels",
+      atLeast ? "at least " : "", perChannel, perRank, channels, channels == 1 ? "" : "s", lim.maxBlocksPerChannel,
+      lim.maxBlocksPerRank);
+}
+
+std::string tooManySteps(int steps, int channels, const ExecutorLimits& lim, bool atLeast) {
+  return fmt::format(
+      "a thread block needs {}{} steps with {} channels; the executor allows {} steps per block and {} channels: use "
+      "fewer parts or a program with fewer hops per rank",
+      atLeast ? "at least " : "", steps, channels, lim.maxStepsPerBlock, lim.maxChannels);
+}
 
 // compile()'s work up to the schedule: with `ordered` false, the blocks keep their steps in creation order
 // (compileLayout). Both take the same decisions (pairing, more channels) from the placement, before any order.
@@ -747,6 +831,25 @@ core::Result<std::unique_ptr<detail::Scheduler>> schedule(const IntentProgram& i
         "rank-chunk pairs and {} transfers: use fewer parts or slices, or a program for fewer ranks",
         intent.nRanks, chunks, hops, kMaxStateEntries, kMaxHops));
   }
+  // A build over too many blocks fails for good; one over too many steps is tried again with more channels, up to
+  // the executor's most: out of reach when a block has too many at every count from here.
+  detail::LimitBounds least(intent, slices);
+  if (const detail::LimitBounds::Blocks b = least.blocks(channels);
+      b.perChannel > lim.maxBlocksPerChannel || b.perRank > lim.maxBlocksPerRank) {
+    return failure(tooManyBlocks(b.perChannel, b.perRank, channels, lim, true));
+  }
+  if (lim.maxChannels <= kMaxChannelsChecked) {
+    bool reachable = false;
+    for (int c = channels; c <= lim.maxChannels && !reachable; ++c) {
+      reachable = least.steps(c, lim.maxStepsPerBlock) <= lim.maxStepsPerBlock;
+    }
+    if (!reachable) {
+      return failure(fmt::format(
+          "a thread block needs more than {} steps with every channel count from {} to {}; the executor allows {} "
+          "steps per block and {} channels: use fewer parts or a program with fewer hops per rank",
+          lim.maxStepsPerBlock, channels, lim.maxChannels, lim.maxStepsPerBlock, lim.maxChannels));
+    }
+  }
   int lastSteps = -1;
   for (int attempt = 0; attempt < 8; ++attempt) {
     for (bool paired : {false, true}) {
@@ -770,10 +873,7 @@ core::Result<std::unique_ptr<detail::Scheduler>> schedule(const IntentProgram& i
       detail::Scheduler& sch = *built;
       if (sch.maxBlocksPerChannel() > lim.maxBlocksPerChannel || sch.maxBlocksPerRank() > lim.maxBlocksPerRank) {
         if (!paired) continue;
-        return failure(fmt::format(
-            "a rank needs {} thread blocks on one channel ({} in all); the executor allows {} per channel and {} "
-            "per rank: use fewer peers per rank (e.g. a hierarchical program) or fewer channels",
-            sch.maxBlocksPerChannel(), sch.maxBlocksPerRank(), lim.maxBlocksPerChannel, lim.maxBlocksPerRank));
+        return failure(tooManyBlocks(sch.maxBlocksPerChannel(), sch.maxBlocksPerRank(), channels, lim, false));
       }
       if (sch.maxBlockSteps() > lim.maxStepsPerBlock) {
         // More channels spread the chunks of every connection over more blocks (chunk c rides channel c mod
@@ -781,10 +881,13 @@ core::Result<std::unique_ptr<detail::Scheduler>> schedule(const IntentProgram& i
         // chunk (more slices than channels), which stops once the channels catch up with the slices.
         const int need = std::min(lim.maxChannels, channels * ceilDiv(sch.maxBlockSteps(), lim.maxStepsPerBlock));
         if (need <= channels || (lastSteps >= 0 && sch.maxBlockSteps() >= lastSteps && slices <= channels)) {
-          return failure(fmt::format(
-              "a thread block needs {} steps with {} channels; the executor allows {} steps per block and {} "
-              "channels: use fewer parts or a program with fewer hops per rank",
-              sch.maxBlockSteps(), channels, lim.maxStepsPerBlock, lim.maxChannels));
+          return failure(tooManySteps(sch.maxBlockSteps(), channels, lim, false));
+        }
+        // At the executor's most channels a build with too many steps is the last one: it is not made.
+        if (need == lim.maxChannels) {
+          if (const int at = least.steps(need, lim.maxStepsPerBlock); at > lim.maxStepsPerBlock) {
+            return failure(tooManySteps(at, need, lim, true));
+          }
         }
         lastSteps = sch.maxBlockSteps();
         channels = need;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -78,6 +79,59 @@ struct RankState {
   int scratch = 0;
 };
 
+// The channel of slice `j` of program chunk `chunk` with `slices` slices per chunk. Up to one slice per channel, a
+// chunk's slices travel side by side on different channels (schedule chunk c on channel c mod channels). With more
+// slices than channels they travel one after another on one channel and the program chunks are spread over the
+// channels instead, so the first slices of a chunk arrive (and can be forwarded) early rather than all slices at the
+// end together.
+inline int channelOf(int chunk, int j, int slices, int channels, int parts) {
+  if (slices <= channels) return (chunk * slices + j) % channels;
+  if (channels == 1) return 0;
+  // The digit sum of the block in base `channels`, plus the part: blocks that a connection carries are often
+  // strided (the same GPU of every node: 8 apart), and a plain modulo would put them all on one channel.
+  parts = std::max(1, parts);
+  int digits = 0;
+  for (int b = chunk / parts; b > 0; b /= channels) digits += b % channels;
+  return (digits + chunk % parts) % channels;
+}
+
+// Lower bounds on what the executor's limits count, from the intent alone, before anything is built: they refuse
+// only what a build would refuse too, at a small part of its cost (on 1024 ranks a `direct` layout takes seconds
+// and a gigabyte to find that a rank needs 1023 blocks per channel). Placement gives every (channel, send peer) and
+// every (channel, receive peer) of a rank one block, so a channel has at least as many blocks as distinct peers
+// either way; and every send to one peer on one channel (every receive from one) is a step of that block.
+class LimitBounds {
+ public:
+  LimitBounds(const IntentProgram& in, int slices);
+
+  struct Blocks {
+    int perChannel = 0;  // of a rank, on its fullest channel
+    int perRank = 0;
+  };
+  Blocks blocks(int channels);
+  // The most steps of a block with `channels` channels, or a number above `cap` as soon as one is.
+  int steps(int channels, int cap);
+
+ private:
+  struct Leg {
+    int peer = 0;
+    int chunk = 0;
+  };
+  std::span<const Leg> bucket(std::size_t k) const { return {legs_.data() + begin_[k], legs_.data() + begin_[k + 1]}; }
+  int& count(int peer, int channel, int channels) {
+    return counts_[static_cast<std::size_t>(peer) * static_cast<std::size_t>(channels) +
+                   static_cast<std::size_t>(channel)];
+  }
+  void clear(std::size_t k, int channels);
+
+  int n_;
+  int parts_;
+  int slices_;
+  std::vector<std::size_t> begin_;  // per (rank, direction): where its hops start in legs_
+  std::vector<Leg> legs_;
+  std::vector<int> counts_;  // per (peer, channel), for one (rank, direction) at a time
+};
+
 class Scheduler {
  public:
   Scheduler(const IntentProgram& in, const Topology& topo, const CompileOptions& opt, int channels, int slices,
@@ -116,20 +170,7 @@ class Scheduler {
 
  private:
   int n() const { return in_.nRanks; }
-  // The channel of slice `j` of program chunk `chunk`. Up to one slice per channel, a chunk's slices travel side by
-  // side on different channels (schedule chunk c on channel c mod channels). With more slices than channels they
-  // travel one after another on one channel and the program chunks are spread over the channels instead, so the
-  // first slices of a chunk arrive (and can be forwarded) early rather than all slices at the end together.
-  int channelOf(int chunk, int j) const {
-    if (s_ <= ch_) return (chunk * s_ + j) % ch_;
-    if (ch_ == 1) return 0;
-    // The digit sum of the block in base `channels`, plus the part: blocks that a connection carries are often
-    // strided (the same GPU of every node: 8 apart), and a plain modulo would put them all on one channel.
-    const int parts = std::max(1, in_.parts);
-    int digits = 0;
-    for (int b = chunk / parts; b > 0; b /= ch_) digits += b % ch_;
-    return (digits + chunk % parts) % ch_;
-  }
+  int channelOf(int chunk, int j) const { return detail::channelOf(chunk, j, s_, ch_, in_.parts); }
   int share() const { return in_.parts * s_; }  // schedule chunks per block
   int chunksPerLoop() const {
     const Collective c = in_.collective;

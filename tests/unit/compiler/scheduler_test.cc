@@ -2,9 +2,11 @@
 // built directly so that every compiler path is reached independently of the front end).
 #include "optiflow/compiler/scheduler.h"
 
+#include <limits>
 #include <map>
 #include <set>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "optiflow/compiler/msccl_xml.h"
@@ -12,6 +14,7 @@
 #include "optiflow/sim/bounds.h"
 #include "optiflow/sim/reference_executor.h"
 #include "optiflow/sim/simulator.h"
+#include "scheduler_internal.h"  // private: the bounds against placement
 
 namespace optiflow::compiler {
 namespace {
@@ -225,6 +228,124 @@ TEST(Compiler, MoreChannelsWhenABlockWouldExceedTheStepLimit) {
   ASSERT_TRUE(res.ok()) << res.error().str();
   EXPECT_GE(res->channels, 2);
   EXPECT_TRUE(checkMscclLimits(res->schedule).empty());
+}
+
+// Every rank sends its block to every other rank: one connection per peer, so one block per peer and channel.
+IntentProgram directAllGather(int n, int parts = 1) {
+  IntentProgram p = skeleton(Collective::AllGather, n, parts);
+  for (int r = 0; r < n; ++r) {
+    for (int d = 1; d < n; ++d) {
+      for (int q = 0; q < parts; ++q) add(p, r * parts + q, r, (r + d) % n, 0);
+    }
+  }
+  return p;
+}
+
+// Part 0 of every block goes round a ring (one connection carries n - 1 chunks that are 4 apart, so a channel
+// count that divides 4 puts them all on one channel), the other parts go direct.
+IntentProgram skewedAllGather(int n) {
+  constexpr int kParts = 4;
+  IntentProgram p = skeleton(Collective::AllGather, n, kParts);
+  for (int t = 0; t < n - 1; ++t) {
+    for (int r = 0; r < n; ++r) add(p, ((r - t) % n + n) % n * kParts, r, (r + 1) % n, t);
+  }
+  for (int r = 0; r < n; ++r) {
+    for (int d = 1; d < n; ++d) {
+      for (int q = 1; q < kParts; ++q) add(p, r * kParts + q, r, (r + d) % n, n - 1);
+    }
+  }
+  return p;
+}
+
+TEST(LimitBounds, NeverAboveWhatPlacementCounts) {
+  // The bounds refuse programs before they are built, so they must never exceed the blocks and steps a build
+  // places, whatever the channels, slices and pairing.
+  const auto t = topo("dgx-a100x4");
+  std::vector<std::pair<std::string, IntentProgram>> programs = {
+      {"ring", ringAllGather(32)},     {"ring, 3 parts", ringAllGather(32, 3)},     {"hierarchical", hierAllGather(t)},
+      {"direct", directAllGather(32)}, {"direct, 2 parts", directAllGather(32, 2)}, {"skewed", skewedAllGather(32)}};
+  IntentProgram relayed = skeleton(Collective::AllGather, 32);
+  for (int i = 0; i < 32; ++i) {
+    for (int j = 0; j < 32; ++j) {
+      if (i == j) continue;
+      const int relay = t.rankOf(t.nodeOf(j), t.localOf(i));
+      add(relayed, i, i, j, 0, TransferKind::Copy, relay != i && relay != j ? relay : -1);
+    }
+  }
+  programs.emplace_back("relayed", relayed);
+  int tight = 0;
+  for (const auto& [name, p] : programs) {
+    for (int channels : {1, 2, 3, 4, 8}) {
+      for (int slices : {1, 2, 4, 16}) {
+        detail::LimitBounds least(p, slices);
+        const detail::LimitBounds::Blocks b = least.blocks(channels);
+        const int steps = least.steps(channels, std::numeric_limits<int>::max());
+        for (bool paired : {false, true}) {
+          detail::Scheduler sch(p, t, CompileOptions{}, channels, slices, core::Protocol::Simple, paired);
+          ASSERT_TRUE(sch.build()) << name << ": " << sch.error();
+          sch.place();
+          const std::string at = fmt::format("{}, {} channels, {} slices, paired {}", name, channels, slices, paired);
+          EXPECT_LE(b.perChannel, sch.maxBlocksPerChannel()) << at;
+          EXPECT_LE(b.perRank, sch.maxBlocksPerRank()) << at;
+          EXPECT_LE(steps, sch.maxBlockSteps()) << at;
+          tight += b.perChannel == sch.maxBlocksPerChannel();
+        }
+      }
+    }
+  }
+  EXPECT_GT(tight, 0);  // not vacuous: a bound of zero passes the rest
+  // Where a rank's connections have a block each, the bound is the count.
+  detail::LimitBounds direct(directAllGather(32), 1);
+  EXPECT_EQ(direct.blocks(1).perChannel, 31);
+  EXPECT_EQ(direct.blocks(1).perRank, 31);
+  EXPECT_EQ(direct.steps(1, 1000), 1);
+  EXPECT_EQ(detail::LimitBounds(ringAllGather(32), 1).steps(1, 1000), 31);
+  EXPECT_EQ(detail::LimitBounds(ringAllGather(32), 1).steps(4, 1000), 8);
+}
+
+TEST(LimitBounds, RefuseBeforeBuildingOnlyWhatNoBuildMeets) {
+  const auto t = topo("dgx-a100x4");
+  CompileOptions o;
+  o.protocol = core::Protocol::Simple;
+  o.channels = 1;
+  // 31 peers per rank on one channel: no build can meet 16 blocks per channel.
+  o.limits.maxBlocksPerChannel = 16;
+  auto blocks = compile(directAllGather(32), t, o);
+  ASSERT_FALSE(blocks.ok());
+  EXPECT_NE(blocks.error().message.find("needs at least 31 thread blocks on one channel"), std::string::npos)
+      << blocks.error().message;
+  // At 31 per channel the bound lets it through, and the build (one block per peer, both ways) meets the limit.
+  o.limits.maxBlocksPerChannel = 31;
+  auto fits = compile(directAllGather(32), t, o);
+  EXPECT_TRUE(fits.ok()) << fits.error().message;
+
+  // A ring connection carries 31 chunks: at most 2 channels, 8 steps per block is out of reach at either count.
+  CompileOptions r;
+  r.channels = 1;
+  r.limits.maxChannels = 2;
+  r.limits.maxStepsPerBlock = 8;
+  auto steps = compile(ringAllGather(32), t, r);
+  ASSERT_FALSE(steps.ok());
+  EXPECT_NE(steps.error().message.find("more than 8 steps with every channel count from 1 to 2"), std::string::npos)
+      << steps.error().message;
+  // With 4 channels allowed, 8 per channel is in reach by the bound (the build may still need more).
+  r.limits.maxChannels = 4;
+  auto more = compile(ringAllGather(32), t, r);
+  if (!more.ok()) {
+    EXPECT_EQ(more.error().message.find("every channel count"), std::string::npos);
+  }
+
+  // The skewed program's ring connection carries 31 chunks 4 apart: with 4 channels they all ride one. The
+  // compiler goes from 1 channel to the executor's most, 4, where the bound shows 31 steps: not built again.
+  CompileOptions s;
+  s.protocol = core::Protocol::Simple;
+  s.channels = 1;
+  s.limits.maxChannels = 4;
+  s.limits.maxStepsPerBlock = 24;
+  auto skewed = compile(skewedAllGather(32), t, s);
+  ASSERT_FALSE(skewed.ok());
+  EXPECT_NE(skewed.error().message.find("needs at least 31 steps with 4 channels"), std::string::npos)
+      << skewed.error().message;
 }
 
 TEST(Compiler, ALayoutHasTheBlocksAndStepsOfTheCompiledSchedule) {
