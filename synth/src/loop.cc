@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 
@@ -150,6 +151,7 @@ class Loop {
       bool improved = false;
       bool timeUp = false;
       // A measuring evaluator: the round's records are announced (and written to the history) once measured.
+      cutShort_.clear();
       const bool measuring = ev_.measuresRounds();
       std::vector<std::pair<int, std::size_t>> pending;  // (candidate index in the round, history index)
       auto announce = [&] {
@@ -164,7 +166,9 @@ class Loop {
           break;
         }
         improved |= evaluateCandidate(round, static_cast<int>(k), cands[k], cands.size() - k);
-        if (measuring) {
+        // A candidate cut short may still be evaluated at more sizes (finishCutShort): it and the ones after it
+        // are announced at the round's end, in order.
+        if (measuring || !cutShort_.empty()) {
           pending.emplace_back(static_cast<int>(k), res_.history.size() - 1);
         } else {
           emit({ProgressEvent::Kind::Candidate, round, static_cast<int>(k), static_cast<int>(cands.size()),
@@ -176,10 +180,9 @@ class Loop {
           return finish();
         }
       }
-      if (measuring) {
-        improved |= measureRound(round);
-        announce();
-      }
+      if (!cutShort_.empty()) improved |= finishCutShort();
+      if (measuring) improved |= measureRound(round);
+      announce();
       ++res_.roundsRun;
       emit({ProgressEvent::Kind::RoundEnd, round, static_cast<int>(cands.size()), static_cast<int>(cands.size())});
       if (timeUp) {
@@ -340,10 +343,26 @@ class Loop {
     }
     rec.stage = "ok";
     const int index = static_cast<int>(res_.history.size());
-    const std::size_t n = cfg_.sizes.size();
-    std::vector<Evaluation> evals(n);
-    std::vector<EvalHint> hints(n);
+    rec.sizes.resize(cfg_.sizes.size());
+    std::vector<std::size_t> all(cfg_.sizes.size());
+    for (std::size_t s = 0; s < all.size(); ++s) all[s] = s;
+    const auto intent = std::make_shared<const core::IntentProgram>(std::move(*f.intent));
     const auto layouts = std::make_shared<LayoutBounds>();
+    const std::vector<std::size_t> unfinished = evaluateSizes(index, *intent, layouts, all, left, rec);
+    res_.history.push_back(std::move(rec));
+    if (!unfinished.empty() && left > 1) cutShort_.push_back({index, intent, layouts, unfinished});
+    return improvedBy_;
+  }
+
+  // Evaluates the candidate `index` (its record `rec`) at the sizes `sizes` (ascending), and offers the results.
+  // `left`: the candidates not yet evaluated, this one included (its share of the time budget). Returns the sizes
+  // its share did not cover; improvedBy_ says whether a best improved.
+  std::vector<std::size_t> evaluateSizes(int index, const core::IntentProgram& intent,
+                                         const std::shared_ptr<LayoutBounds>& layouts,
+                                         const std::vector<std::size_t>& sizes, std::size_t left,
+                                         CandidateRecord& rec) {
+    std::vector<Evaluation> evals(cfg_.sizes.size());
+    std::vector<EvalHint> hints(cfg_.sizes.size());
     // Under a time budget a candidate gets an even share of what is left to the round's candidates not yet
     // evaluated, so that one that is slow to evaluate (a schedule that does not fold on 1024 GPUs) cannot use up
     // the budget of the others. A size it leaves unfinished is recorded as not evaluated; a candidate that finishes
@@ -355,7 +374,7 @@ class Loop {
       share = now + (*deadline_ - now) / static_cast<long>(std::max<std::size_t>(left, 1));
       shareS = std::chrono::duration<double>(*share - now).count();
     }
-    for (std::size_t s = 0; s < n; ++s) {
+    for (std::size_t s : sizes) {
       const SizeBest& sb = res_.sizes[s];
       hints[s].verify = false;
       hints[s].layouts = layouts;
@@ -369,19 +388,24 @@ class Loop {
     }
     // The sizes of one candidate in parallel: each depends only on the state before the candidate, so the result
     // does not depend on the thread count. Largest sizes first (they take longest).
-    parallelOverSizes([&](std::size_t s) { evals[s] = ev_.evaluate(*f.intent, cfg_.sizes[s], hints[s]); });
+    core::parallelFor(sizes.size(), cfg_.threads, [&](std::size_t i) {
+      const std::size_t s = sizes[sizes.size() - 1 - i];
+      evals[s] = ev_.evaluate(intent, cfg_.sizes[s], hints[s]);
+    });
 
-    bool improved = false;
-    rec.sizes.resize(n);
-    for (std::size_t s = 0; s < n; ++s) {
+    improvedBy_ = false;
+    std::vector<std::size_t> unfinished;
+    for (std::size_t s : sizes) {
       Evaluation& e = evals[s];
       SizeResult& sr = rec.sizes[s];
+      sr = SizeResult{};
       const SizeBest& sb = res_.sizes[s];
       sr.sizeBytes = cfg_.sizes[s];
       sr.boundUs = sb.boundUs;
       sr.ncclUs = sb.nccl.timeUs;
       sr.ok = e.ok;
       sr.error = e.error;
+      if (e.outOfTime) unfinished.push_back(s);
       if (e.outOfTime && left > 1) {
         sr.error = fmt::format("not evaluated: its share of the time budget ran out ({:.1f} s, 1/{} of what was left)",
                                shareS, left);
@@ -399,10 +423,32 @@ class Loop {
       if (ev_.measuresRounds() && e.ok && !e.boundOnly && !e.screened && e.compiled) {
         roundItems_.push_back({index, s, configOf(e.options, e), e.compiled->schedule});
       }
-      if (offer(index, s, e, sr)) improved = true;
+      if (offer(index, s, e, sr)) improvedBy_ = true;
       if (res_.sizes[s].best == index) incumbentOptions_[s] = opts;
     }
-    res_.history.push_back(std::move(rec));
+    return unfinished;
+  }
+
+  // After a round's candidates, what is left of the time budget goes to the sizes their shares did not cover, in
+  // even shares again: first the candidates that lead at some size (the most sizes first), then those that finished
+  // some size, then the rest, each group in round order. Returns whether a best improved.
+  bool finishCutShort() {
+    std::vector<CutShort> list = std::move(cutShort_);
+    cutShort_.clear();
+    auto rank = [&](const CutShort& c) {
+      int leads = 0;
+      for (const SizeBest& sb : res_.sizes) leads += sb.best == c.index;
+      const std::size_t finished = cfg_.sizes.size() - c.sizes.size();
+      return std::pair{leads, finished};
+    };
+    std::stable_sort(list.begin(), list.end(), [&](const CutShort& a, const CutShort& b) { return rank(a) > rank(b); });
+    bool improved = false;
+    for (std::size_t i = 0; i < list.size() && !outOfTime(); ++i) {
+      const CutShort& c = list[i];
+      CandidateRecord& rec = res_.history[static_cast<std::size_t>(c.index)];
+      evaluateSizes(c.index, *c.intent, c.layouts, c.sizes, list.size() - i, rec);
+      improved |= improvedBy_;
+    }
     return improved;
   }
 
@@ -523,6 +569,15 @@ class Loop {
   SynthResult res_;
   std::set<std::string> seen_;
   std::map<std::size_t, compiler::CompileOptions> incumbentOptions_;
+  // This round's candidates whose share of the time budget did not cover every size (finishCutShort).
+  struct CutShort {
+    int index = 0;  // into res_.history
+    std::shared_ptr<const core::IntentProgram> intent;
+    std::shared_ptr<LayoutBounds> layouts;
+    std::vector<std::size_t> sizes;  // ascending
+  };
+  std::vector<CutShort> cutShort_;
+  bool improvedBy_ = false;  // evaluateSizes' last call improved a best
 };
 
 }  // namespace
