@@ -345,6 +345,30 @@ TEST(VerifierMutation, RaceOrderedTransitivelyAcrossRanksIsNoRace) {
   expectFirstError(verify(bad), Property::Race, 0, kAny, kAny);
 }
 
+TEST(VerifierMutation, RacesAreFoundWhateverTheClockBudget) {
+  // The race passes keep their clocks for groups of ranks that fit the budget (one rank alone over it goes to the
+  // full passes): a race is found, and a transitively ordered pair is not one, whatever the grouping.
+  Schedule race = fx::ringAllGather(ring(4));
+  race.ranks[1].threadBlocks.push_back(fx::makeBlock(1, -1, -1, 0, {fx::makeStep(StepOp::Copy, I, 0, O, 2)}));
+  Schedule ordered = fx::emptySchedule(Collective::Broadcast, 2, 2, false);
+  ordered.ranks[0].threadBlocks.push_back(fx::makeBlock(
+      0, 1, -1, 0, {fx::makeStep(StepOp::Copy, I, 0, O, 0, 2), fx::makeStep(StepOp::Send, O, 0, O, 0, 2)}));
+  ordered.ranks[0].threadBlocks.push_back(
+      fx::makeBlock(1, -1, 1, 0, {fx::makeStep(StepOp::Recv, O, 0, S, 0, 1), fx::makeStep(StepOp::Copy, S, 0, O, 0)}));
+  ordered.ranks[0].scratchChunks = 1;
+  ordered.ranks[1].threadBlocks.push_back(fx::makeBlock(
+      0, 0, 0, 0, {fx::makeStep(StepOp::Recv, O, 0, O, 0, 2), fx::makeStep(StepOp::Send, O, 0, S, 0, 1)}));
+  const Schedule clean = fx::ringAllGather(ring(8));
+  for (const std::int64_t budget :
+       {std::int64_t{1} << 24, std::int64_t{5}, std::int64_t{4}, std::int64_t{1}, std::int64_t{0}}) {
+    optiflow::compiler::VerifyOptions o;
+    o.clockBudget = budget;
+    expectFirstError(verify(race, o), Property::Race, 1, kAny, kAny);
+    EXPECT_TRUE(verify(ordered, o).proven) << budget << ": " << dump(verify(ordered, o));
+    EXPECT_TRUE(verify(clean, o).proven) << budget << ": " << dump(verify(clean, o));
+  }
+}
+
 TEST(VerifierMutation, OutOfRangeOffset) {
   Schedule s = fx::ringAllReduce(ring(4));
   s.ranks[3].threadBlocks[0].steps[1].srcOff = 100;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,8 @@ struct Finding {
 struct VerifyOptions {
   std::size_t maxErrors = 32;  // stop collecting after this many errors (the verdict stays "not proven")
   bool checkReductionOrder = true;
+  // Entries of the race passes' clock matrices (32-bit each) held at once; the ranks go in groups that fit it.
+  std::int64_t clockBudget = std::int64_t{1} << 24;
 };
 
 struct VerifyReport {
