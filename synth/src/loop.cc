@@ -282,6 +282,13 @@ class Loop {
     return o;
   }
 
+  // Whether `e` is faster than the best at size s and would be taken once proven (offer).
+  bool beatsBest(std::size_t s, const Evaluation& e) const {
+    const SizeBest& sb = res_.sizes[s];
+    return e.ok && !e.boundOnly && e.timeUs >= sb.boundUs * (1 - 1e-9) && !sb.measured &&
+           (sb.best < 0 || e.timeUs < sb.bestUs * (1 - 1e-9));
+  }
+
   // Takes `e` as the best at size s when it is faster than the incumbent and proven; fills `sr`'s verdict.
   // Returns whether the best improved by more than minGain.
   bool offer(int index, std::size_t s, Evaluation& e, SizeResult& sr) {
@@ -388,9 +395,12 @@ class Loop {
     }
     // The sizes of one candidate in parallel: each depends only on the state before the candidate, so the result
     // does not depend on the thread count. Largest sizes first (they take longest).
+    // A result that beats the best is proven here too (offer takes it only proven): whether it does depends only on
+    // the state before the candidate as well.
     core::parallelFor(sizes.size(), cfg_.threads, [&](std::size_t i) {
       const std::size_t s = sizes[sizes.size() - 1 - i];
       evals[s] = ev_.evaluate(intent, cfg_.sizes[s], hints[s]);
+      if (beatsBest(s, evals[s])) prove(evals[s]);
     });
 
     improvedBy_ = false;
