@@ -114,6 +114,8 @@ std::string termsText(const std::vector<Contribution>& terms) {
   return out;
 }
 
+struct OutOfTime {};  // VerifyOptions::deadline passed
+
 class Verifier {
  public:
   Verifier(const Schedule& s, const VerifyOptions& o, VerifyReport& r) : s_(s), opt_(o), rep_(r) {}
@@ -121,6 +123,14 @@ class Verifier {
   void run();
 
  private:
+  // Called once per step by the passes that take long on large schedules; looks at the clock every 65536 calls.
+  void tick() {
+    if (opt_.deadline && (++ticks_ & 0xFFFFu) == 0 && std::chrono::steady_clock::now() > *opt_.deadline) {
+      throw OutOfTime{};
+    }
+  }
+  std::uint32_t ticks_ = 0;
+
   // ---- reporting -------------------------------------------------------------------------------------------
   void add(Severity sev, Property p, int rank, int tb, int step, std::string msg) {
     Finding f;
@@ -663,6 +673,7 @@ void Verifier::raceGroup(const std::vector<int>& column, int columns, const std:
     if (--consumers[from] == 0) snap[from].reset();
   };
   for (const int v : order_) {
+    tick();
     const int g = nodeBlock_[v];
     std::int32_t* c = clocks.data() + static_cast<std::size_t>(g) * g64;
     if (recvFrom_[v] != kNone) join(c, recvFrom_[v]);
@@ -773,6 +784,7 @@ void Verifier::screenRanks(int first, int last, std::vector<char>& flagged) {
   std::vector<int> readHead(nChunks, kNone);
   std::vector<int> ids;
   for (const OrderedStep& st : ordered_) {
+    tick();
     const int r = st.rank;
     if (r < first || r >= last) continue;
     const int v = st.node;
@@ -893,6 +905,7 @@ void Verifier::execute() {
   std::vector<int> src, dst;
   std::vector<ValuePtr> srcVals, dstVals, recvVals, out;
   for (const OrderedStep& st : ordered_) {
+    tick();
     if (st.op == StepOp::Nop) continue;
     const int v = st.node;
     const int r = st.rank;
@@ -1085,8 +1098,12 @@ void Verifier::run() {
 VerifyReport verify(const Schedule& schedule, const VerifyOptions& options) {
   VerifyReport report;
   Verifier v(schedule, options, report);
-  v.run();
-  report.proven = report.errors.empty() && report.suppressedErrors == 0;
+  try {
+    v.run();
+  } catch (const OutOfTime&) {
+    report.timedOut = true;
+  }
+  report.proven = !report.timedOut && report.errors.empty() && report.suppressedErrors == 0;
   return report;
 }
 

@@ -400,7 +400,7 @@ class Loop {
     core::parallelFor(sizes.size(), cfg_.threads, [&](std::size_t i) {
       const std::size_t s = sizes[sizes.size() - 1 - i];
       evals[s] = ev_.evaluate(intent, cfg_.sizes[s], hints[s]);
-      if (beatsBest(s, evals[s])) prove(evals[s]);
+      if (beatsBest(s, evals[s])) prove(evals[s], hints[s].deadline);
     });
 
     improvedBy_ = false;

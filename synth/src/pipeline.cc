@@ -113,13 +113,21 @@ std::vector<compiler::CompileOptions> candidateOptions(const core::IntentProgram
   return out;
 }
 
-void prove(Evaluation& e) {
+void prove(Evaluation& e, std::optional<std::chrono::steady_clock::time_point> deadline) {
   if (!e.ok || e.proven || !e.compiled) return;
   try {
-    e.compiled->report = compiler::verify(e.compiled->schedule);
+    compiler::VerifyOptions options;
+    options.deadline = deadline;
+    e.compiled->report = compiler::verify(e.compiled->schedule, options);
   } catch (const std::bad_alloc&) {
     e.ok = false;
     e.error = "out of memory while verifying";
+    return;
+  }
+  if (e.compiled->report.timedOut) {
+    e.ok = false;
+    e.outOfTime = true;
+    e.error = "not evaluated: the time budget ran out (while proving)";
     return;
   }
   if (!e.compiled->report.proven) {

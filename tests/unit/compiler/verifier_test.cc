@@ -1,6 +1,7 @@
 #include "optiflow/compiler/verifier.h"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <filesystem>
 #include <fstream>
@@ -367,6 +368,21 @@ TEST(VerifierMutation, RacesAreFoundWhateverTheClockBudget) {
     EXPECT_TRUE(verify(ordered, o).proven) << budget << ": " << dump(verify(ordered, o));
     EXPECT_TRUE(verify(clean, o).proven) << budget << ": " << dump(verify(clean, o));
   }
+}
+
+TEST(Verifier, GivesUpPastItsDeadline) {
+  // 2 x 255 x 256 steps: the clock is looked at every 65536 steps, several times here.
+  const Schedule s = fx::ringAllGather(ring(256));
+  optiflow::compiler::VerifyOptions o;
+  o.deadline = std::chrono::steady_clock::now() - std::chrono::seconds(1);
+  const VerifyReport late = verify(s, o);
+  EXPECT_TRUE(late.timedOut);
+  EXPECT_FALSE(late.proven);
+  EXPECT_TRUE(late.errors.empty()) << dump(late);
+  o.deadline = std::chrono::steady_clock::now() + std::chrono::hours(1);
+  const VerifyReport inTime = verify(s, o);
+  EXPECT_FALSE(inTime.timedOut);
+  EXPECT_TRUE(inTime.proven) << dump(inTime);
 }
 
 TEST(VerifierMutation, OutOfRangeOffset) {

@@ -2,8 +2,10 @@
 // unless verify() returned proven == true.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,6 +52,8 @@ struct VerifyOptions {
   bool checkReductionOrder = true;
   // Entries of the race passes' clock matrices (32-bit each) held at once; the ranks go in groups that fit it.
   std::int64_t clockBudget = std::int64_t{1} << 24;
+  // Past it the verifier gives up: not proven, VerifyReport::timedOut set (the synthesis loop's time budget).
+  std::optional<std::chrono::steady_clock::time_point> deadline;
 };
 
 struct VerifyReport {
@@ -61,6 +65,7 @@ struct VerifyReport {
   std::size_t transfers = 0;           // matched send/receive pairs
   std::size_t suppressedErrors = 0;    // errors found after maxErrors was reached (not in `errors`)
   std::size_t suppressedWarnings = 0;  // likewise for warnings
+  bool timedOut = false;               // VerifyOptions::deadline passed: not proven, nothing found either
 };
 
 // Checks, for every mode in core::supportedModes: shape and references, one connection per (peer, channel) and

@@ -3,6 +3,7 @@
 // language model: file:line:column, the message, the source line and a caret.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -55,7 +56,7 @@ struct Evaluation {
 };
 
 // Proves `e`'s schedule with the verifier (once); an unproven schedule turns `e` into a failure naming the
-// verifier's first error, as a compiler bug.
-void prove(Evaluation& e);
+// verifier's first error, as a compiler bug. Past `deadline` the proof gives up, and `e` is out of time.
+void prove(Evaluation& e, std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt);
 
 }  // namespace optiflow::synth
