@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "optiflow/core/schedule.h"
 #include "optiflow/synth/launcher.h"
 
 namespace optiflow::synth {
@@ -129,12 +130,13 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
       std::size_t index;
       double floorUs;  // the layout's
       std::optional<compiler::Layout> layout;
+      std::size_t steps = 0;  // the layout's (what holding it costs)
     };
     std::vector<Pending> pending;
     // Lays option i out and bounds it; false (its error noted) when it does not compile. Another size of the
     // candidate may have laid it out already: its bound curve serves every size, and no layout is made.
     auto layOut = [&](std::size_t i, Pending& out) {
-      out = Pending{i, 0, std::nullopt};
+      out = Pending{i, 0, std::nullopt, 0};
       if (hint.layouts) {
         if (auto known = hint.layouts->find(options[i])) {
           if (!known->error.empty()) {
@@ -158,6 +160,7 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
       sim::BoundCurve curve = sim::boundCurve(layout->schedule, *network_, layoutParams);
       out.floorUs = curve.at(sizeBytes);
       if (hint.layouts && curve.ok()) hint.layouts->insert(options[i], {std::move(curve), {}});  // not ok: no memory
+      out.steps = core::totalSteps(layout->schedule);
       layout->schedule = core::Schedule{};  // only the bound was wanted
       out.layout = std::move(layout).value();
       return true;
@@ -200,11 +203,30 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
         }
       }
     }
+    // Held layouts cost memory (on 1024 ranks hundreds of MB each, and most are never compiled): past
+    // hint.heldLayoutSteps only those that come first in the walk are held.
+    const auto walksBefore = [](const Pending& a, const Pending& b) {
+      return a.floorUs < b.floorUs || (a.floorUs == b.floorUs && a.index < b.index);
+    };
     for (std::size_t i = rotated ? 1 : 0; i < options.size(); ++i) {
       Pending p;
       if (!layOut(i, p)) continue;
       if (aboveCutoff(p)) p.layout.reset();
       pending.push_back(std::move(p));
+      std::size_t held = 0;
+      for (const Pending& q : pending) held += q.layout ? q.steps : 0;
+      while (held > hint.heldLayoutSteps) {
+        Pending* last = nullptr;
+        int count = 0;
+        for (Pending& q : pending) {
+          if (!q.layout) continue;
+          ++count;
+          if (!last || walksBefore(*last, q)) last = &q;
+        }
+        if (count <= 1) break;
+        held -= last->steps;
+        last->layout.reset();
+      }
     }
     std::stable_sort(pending.begin(), pending.end(),
                      [](const Pending& a, const Pending& b) { return a.floorUs < b.floorUs; });

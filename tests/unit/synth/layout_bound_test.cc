@@ -244,9 +244,11 @@ TEST(LayoutBound, EvaluationsAreTheOnesOfCompilingEveryOption) {
       for (const EvalHint& h : hints) {
         const Evaluation want = referenceEvaluate(*f.intent, *topo, net, params, size, h);
         // Alternately with and without the layouts' bounds shared across the program's sizes and hints (the loop
-        // shares them across a candidate's sizes): either way the evaluation is the reference's.
+        // shares them across a candidate's sizes), and holding every layout or one: either way the evaluation is
+        // the reference's.
         EvalHint shared = h;
         if (compared % 2 == 0) shared.layouts = layouts;
+        if (compared % 3 == 0) shared.heldLayoutSteps = 0;
         const Evaluation got = evaluator.evaluate(*f.intent, size, shared);
         const std::string hinted =
             h.first ? fmt::format("{} first {}/{}ch/{}sl, cut {:.3f} us", what, core::toString(*h.first->protocol),

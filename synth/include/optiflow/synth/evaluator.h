@@ -61,6 +61,10 @@ struct EvalHint {
   double stopAboveUs = 0;
   bool verify = true;  // prove the winner (the loop proves only winners that become the best at a size)
   std::shared_ptr<LayoutBounds> layouts;  // shared by one candidate's sizes; null: each size lays its options out
+  // Laid-out options wait to be compiled in order of their bounds; past this many steps in all, only those first in
+  // that order are held (at least one), and the others are laid out again should their turn come. Only memory and
+  // work depend on it.
+  std::size_t heldLayoutSteps = std::size_t{1} << 22;
   // Wall clock: past it no compile or simulation starts and one under way stops (Evaluation::outOfTime).
   std::optional<std::chrono::steady_clock::time_point> deadline;
 };
