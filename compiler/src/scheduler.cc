@@ -1,6 +1,8 @@
 #include "optiflow/compiler/scheduler.h"
 
 #include <algorithm>
+#include <limits>
+#include <map>
 #include <memory>
 #include <new>
 #include <span>
@@ -774,8 +776,36 @@ namespace {
 
 core::Diagnostic failure(std::string m) { return core::Diagnostic{"<compiler>", 0, 0, std::move(m)}; }
 
-// Past this many channels the limit on steps is not checked at every channel count in advance.
+// Past this many channels the limit on steps is not checked in advance.
 constexpr int kMaxChannelsChecked = 64;
+
+// Whether a build with `from` channels, or with a count the compiler may go on to from there, may meet the limit on
+// steps by the bounds. From a build over the limit the compiler goes to from * ceil(steps / limit) channels, or to
+// the executor's most, for the steps the build counts, which are at least the bound; at the most it stops.
+bool stepsInReach(detail::LimitBounds& least, int from, const ExecutorLimits& lim, std::map<int, bool>& memo) {
+  if (const auto it = memo.find(from); it != memo.end()) return it->second;
+  const int limit = lim.maxStepsPerBlock;
+  const int at = least.steps(from, std::numeric_limits<int>::max());
+  bool ok = at <= limit;
+  if (!ok && from < lim.maxChannels) {
+    ok = stepsInReach(least, lim.maxChannels, lim, memo);
+    for (std::int64_t c =
+             std::int64_t{from} * ceilDiv(static_cast<std::uint64_t>(at), static_cast<std::uint64_t>(limit));
+         !ok && c < lim.maxChannels; c += from) {
+      ok = stepsInReach(least, static_cast<int>(c), lim, memo);
+    }
+  }
+  memo[from] = ok;
+  return ok;
+}
+
+std::string stepsOutOfReach(int channels, const ExecutorLimits& lim) {
+  return fmt::format(
+      "a thread block needs more than {} steps with {} channel{} and with every channel count the compiler would go "
+      "on to; the executor allows {} steps per block and {} channels: use fewer parts or a program with fewer hops "
+      "per rank",
+      lim.maxStepsPerBlock, channels, channels == 1 ? "" : "s", lim.maxStepsPerBlock, lim.maxChannels);
+}
 
 // `atLeast`: counted by LimitBounds, not by a build.
 std::string tooManyBlocks(int perChannel, int perRank, int channels, const ExecutorLimits& lim, bool atLeast) {
@@ -786,11 +816,11 @@ std::string tooManyBlocks(int perChannel, int perRank, int channels, const Execu
       lim.maxBlocksPerRank);
 }
 
-std::string tooManySteps(int steps, int channels, const ExecutorLimits& lim, bool atLeast) {
+std::string tooManySteps(int steps, int channels, const ExecutorLimits& lim) {
   return fmt::format(
-      "a thread block needs {}{} steps with {} channels; the executor allows {} steps per block and {} channels: use "
+      "a thread block needs {} steps with {} channels; the executor allows {} steps per block and {} channels: use "
       "fewer parts or a program with fewer hops per rank",
-      atLeast ? "at least " : "", steps, channels, lim.maxStepsPerBlock, lim.maxChannels);
+      steps, channels, lim.maxStepsPerBlock, lim.maxChannels);
 }
 
 // compile()'s work up to the schedule: with `ordered` false, the blocks keep their steps in creation order
@@ -838,18 +868,9 @@ core::Result<std::unique_ptr<detail::Scheduler>> schedule(const IntentProgram& i
       b.perChannel > lim.maxBlocksPerChannel || b.perRank > lim.maxBlocksPerRank) {
     return failure(tooManyBlocks(b.perChannel, b.perRank, channels, lim, true));
   }
-  if (lim.maxChannels <= kMaxChannelsChecked) {
-    bool reachable = false;
-    for (int c = channels; c <= lim.maxChannels && !reachable; ++c) {
-      reachable = least.steps(c, lim.maxStepsPerBlock) <= lim.maxStepsPerBlock;
-    }
-    if (!reachable) {
-      return failure(fmt::format(
-          "a thread block needs more than {} steps with every channel count from {} to {}; the executor allows {} "
-          "steps per block and {} channels: use fewer parts or a program with fewer hops per rank",
-          lim.maxStepsPerBlock, channels, lim.maxChannels, lim.maxStepsPerBlock, lim.maxChannels));
-    }
-  }
+  std::map<int, bool> inReach;  // per channel count
+  const bool checkSteps = lim.maxChannels <= kMaxChannelsChecked;
+  if (checkSteps && !stepsInReach(least, channels, lim, inReach)) return failure(stepsOutOfReach(channels, lim));
   int lastSteps = -1;
   for (int attempt = 0; attempt < 8; ++attempt) {
     for (bool paired : {false, true}) {
@@ -881,14 +902,11 @@ core::Result<std::unique_ptr<detail::Scheduler>> schedule(const IntentProgram& i
         // chunk (more slices than channels), which stops once the channels catch up with the slices.
         const int need = std::min(lim.maxChannels, channels * ceilDiv(sch.maxBlockSteps(), lim.maxStepsPerBlock));
         if (need <= channels || (lastSteps >= 0 && sch.maxBlockSteps() >= lastSteps && slices <= channels)) {
-          return failure(tooManySteps(sch.maxBlockSteps(), channels, lim, false));
+          return failure(tooManySteps(sch.maxBlockSteps(), channels, lim));
         }
         // At the executor's most channels a build with too many steps is the last one: it is not made.
-        if (need == lim.maxChannels) {
-          if (const int at = least.steps(need, lim.maxStepsPerBlock); at > lim.maxStepsPerBlock) {
-            return failure(tooManySteps(at, need, lim, true));
-          }
-        }
+        // Nor is it built again where no build from here can meet the limit.
+        if (checkSteps && !stepsInReach(least, need, lim, inReach)) return failure(stepsOutOfReach(need, lim));
         lastSteps = sch.maxBlockSteps();
         channels = need;
         break;  // rebuild with more channels
