@@ -327,8 +327,8 @@ TEST(VerifierMutation, ReadWriteRaceAcrossBlocks) {
   expectFirstError(verify(s), Property::Race, 0, kAny, kAny);
 }
 
-TEST(VerifierMutation, RaceOrderedTransitivelyAcrossRanksIsNoRace) {
-  // Rank 0 tb 1 reads output[1] only after a round trip through rank 1 that starts after tb 0 wrote it.
+// Rank 0 tb 1 reads output[1] only after a round trip through rank 1 that starts after tb 0 wrote it.
+Schedule orderedThroughARoundTrip() {
   Schedule s = fx::emptySchedule(Collective::Broadcast, 2, 2, false);
   s.ranks[0].threadBlocks.push_back(fx::makeBlock(
       0, 1, -1, 0, {fx::makeStep(StepOp::Copy, I, 0, O, 0, 2), fx::makeStep(StepOp::Send, O, 0, O, 0, 2)}));
@@ -337,6 +337,11 @@ TEST(VerifierMutation, RaceOrderedTransitivelyAcrossRanksIsNoRace) {
   s.ranks[0].scratchChunks = 1;
   s.ranks[1].threadBlocks.push_back(fx::makeBlock(
       0, 0, 0, 0, {fx::makeStep(StepOp::Recv, O, 0, O, 0, 2), fx::makeStep(StepOp::Send, O, 0, S, 0, 1)}));
+  return s;
+}
+
+TEST(VerifierMutation, RaceOrderedTransitivelyAcrossRanksIsNoRace) {
+  const Schedule s = orderedThroughARoundTrip();
   const VerifyReport r = verify(s);
   EXPECT_TRUE(r.proven) << dump(r);
   // Without the round trip (tb 1 copies before it receives) the copy races with tb 0's copy.
@@ -351,14 +356,7 @@ TEST(VerifierMutation, RacesAreFoundWhateverTheClockBudget) {
   // full passes): a race is found, and a transitively ordered pair is not one, whatever the grouping.
   Schedule race = fx::ringAllGather(ring(4));
   race.ranks[1].threadBlocks.push_back(fx::makeBlock(1, -1, -1, 0, {fx::makeStep(StepOp::Copy, I, 0, O, 2)}));
-  Schedule ordered = fx::emptySchedule(Collective::Broadcast, 2, 2, false);
-  ordered.ranks[0].threadBlocks.push_back(fx::makeBlock(
-      0, 1, -1, 0, {fx::makeStep(StepOp::Copy, I, 0, O, 0, 2), fx::makeStep(StepOp::Send, O, 0, O, 0, 2)}));
-  ordered.ranks[0].threadBlocks.push_back(
-      fx::makeBlock(1, -1, 1, 0, {fx::makeStep(StepOp::Recv, O, 0, S, 0, 1), fx::makeStep(StepOp::Copy, S, 0, O, 0)}));
-  ordered.ranks[0].scratchChunks = 1;
-  ordered.ranks[1].threadBlocks.push_back(fx::makeBlock(
-      0, 0, 0, 0, {fx::makeStep(StepOp::Recv, O, 0, O, 0, 2), fx::makeStep(StepOp::Send, O, 0, S, 0, 1)}));
+  const Schedule ordered = orderedThroughARoundTrip();
   const Schedule clean = fx::ringAllGather(ring(8));
   for (const std::int64_t budget :
        {std::int64_t{1} << 24, std::int64_t{5}, std::int64_t{4}, std::int64_t{1}, std::int64_t{0}}) {
