@@ -273,6 +273,7 @@ TEST(LimitBounds, NeverAboveWhatPlacementCounts) {
     }
   }
   programs.emplace_back("relayed", relayed);
+  const CompileOptions defaults;  // the scheduler keeps a reference
   int tight = 0;
   for (const auto& [name, p] : programs) {
     for (int channels : {1, 2, 3, 4, 8}) {
@@ -281,7 +282,7 @@ TEST(LimitBounds, NeverAboveWhatPlacementCounts) {
         const detail::LimitBounds::Blocks b = least.blocks(channels);
         const int steps = least.steps(channels, std::numeric_limits<int>::max());
         for (bool paired : {false, true}) {
-          detail::Scheduler sch(p, t, CompileOptions{}, channels, slices, core::Protocol::Simple, paired);
+          detail::Scheduler sch(p, t, defaults, channels, slices, core::Protocol::Simple, paired);
           ASSERT_TRUE(sch.build()) << name << ": " << sch.error();
           sch.place();
           const std::string at = fmt::format("{}, {} channels, {} slices, paired {}", name, channels, slices, paired);
