@@ -1,7 +1,6 @@
 #include "optiflow/compiler/scheduler.h"
 
 #include <algorithm>
-#include <limits>
 #include <map>
 #include <memory>
 #include <new>
@@ -732,10 +731,10 @@ LimitBounds::Blocks LimitBounds::blocks(int channels) {
   return out;
 }
 
-int LimitBounds::steps(int channels, int cap) {
+int LimitBounds::steps(int channels) {
   counts_.assign(static_cast<std::size_t>(n_) * static_cast<std::size_t>(channels), 0);
   int most = 0;
-  for (std::size_t k = 0; k + 1 < begin_.size() && most <= cap; ++k) {
+  for (std::size_t k = 0; k + 1 < begin_.size(); ++k) {
     for (const Leg& l : bucket(k)) {
       for (int j = 0; j < slices_; ++j) {
         most = std::max(most, ++count(l.peer, channelOf(l.chunk, j, slices_, channels, parts_), channels));
@@ -785,7 +784,7 @@ constexpr int kMaxChannelsChecked = 64;
 bool stepsInReach(detail::LimitBounds& least, int from, const ExecutorLimits& lim, std::map<int, bool>& memo) {
   if (const auto it = memo.find(from); it != memo.end()) return it->second;
   const int limit = lim.maxStepsPerBlock;
-  const int at = least.steps(from, std::numeric_limits<int>::max());
+  const int at = least.steps(from);
   bool ok = at <= limit;
   if (!ok && from < lim.maxChannels) {
     ok = stepsInReach(least, lim.maxChannels, lim, memo);
@@ -904,8 +903,7 @@ core::Result<std::unique_ptr<detail::Scheduler>> schedule(const IntentProgram& i
         if (need <= channels || (lastSteps >= 0 && sch.maxBlockSteps() >= lastSteps && slices <= channels)) {
           return failure(tooManySteps(sch.maxBlockSteps(), channels, lim));
         }
-        // At the executor's most channels a build with too many steps is the last one: it is not made.
-        // Nor is it built again where no build from here can meet the limit.
+        // Nor is it built again where no build from here can meet the limit by the bounds.
         if (checkSteps && !stepsInReach(least, need, lim, inReach)) return failure(stepsOutOfReach(need, lim));
         lastSteps = sch.maxBlockSteps();
         channels = need;

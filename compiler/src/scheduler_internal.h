@@ -109,8 +109,8 @@ class LimitBounds {
     int perRank = 0;
   };
   Blocks blocks(int channels);
-  // The most steps of a block with `channels` channels, or a number above `cap` as soon as one is.
-  int steps(int channels, int cap);
+  // The most steps of a block with `channels` channels.
+  int steps(int channels);
 
  private:
   struct Leg {

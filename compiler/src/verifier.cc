@@ -745,8 +745,7 @@ std::vector<char> Verifier::ranksNeedingFullClocks() {
     }
     std::int64_t sum = 0;
     int last = first;
-    while (last < n && entries(last) <= opt_.clockBudget && sum + entries(last) <= opt_.clockBudget)
-      sum += entries(last++);
+    while (last < n && sum + entries(last) <= opt_.clockBudget) sum += entries(last++);
     screenRanks(first, last, flagged);
     first = last;
   }

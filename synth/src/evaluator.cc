@@ -203,11 +203,12 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
         }
       }
     }
-    // Held layouts cost memory (on 1024 ranks hundreds of MB each, and most are never compiled): past
-    // hint.heldLayoutSteps only those that come first in the walk are held.
-    const auto walksBefore = [](const Pending& a, const Pending& b) {
+    // The order of the walk: by bound, then by position (the incumbent's options are position 0).
+    const auto before = [](const auto& a, const auto& b) {
       return a.floorUs < b.floorUs || (a.floorUs == b.floorUs && a.index < b.index);
     };
+    // Held layouts cost memory (on 1024 ranks hundreds of MB each, and most are never compiled): past
+    // hint.heldLayoutSteps only those that come first in the walk are held.
     for (std::size_t i = rotated ? 1 : 0; i < options.size(); ++i) {
       Pending p;
       if (!layOut(i, p)) continue;
@@ -221,7 +222,7 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
         for (Pending& q : pending) {
           if (!q.layout) continue;
           ++count;
-          if (!last || walksBefore(*last, q)) last = &q;
+          if (!last || before(*last, q)) last = &q;
         }
         if (count <= 1) break;
         held -= last->steps;
@@ -230,10 +231,6 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
     }
     std::stable_sort(pending.begin(), pending.end(),
                      [](const Pending& a, const Pending& b) { return a.floorUs < b.floorUs; });
-    // The order of the walk: by bound, then by position (the incumbent's options are position 0).
-    const auto before = [](const auto& a, const auto& b) {
-      return a.floorUs < b.floorUs || (a.floorUs == b.floorUs && a.index < b.index);
-    };
     std::vector<Option> ready;  // compiled, not yet walked; a heap on `before`, least first
     const auto heapOrder = [&](const Option& a, const Option& b) { return before(b, a); };
     std::size_t next = 0;  // pending[next ..] are not compiled

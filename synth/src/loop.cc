@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <utility>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -117,7 +118,7 @@ class Loop {
       sb.effectiveBoundUs = effBounds.bound(cfg_.collective, sb.sizeBytes).timeUs;
     }
     // Baselines per size in parallel, largest first (they take longest): independent of the thread count.
-    parallelOverSizes([&](std::size_t s) {
+    parallelOverSizes(allSizes(), [&](std::size_t s) {
       try {
         baselines(topo_, cfg_, ev_, tuning, res_.sizes[s]);
       } catch (const std::exception& e) {  // out of memory on a huge cluster: the table says n/a, the run goes on
@@ -151,7 +152,6 @@ class Loop {
       bool improved = false;
       bool timeUp = false;
       // A measuring evaluator: the round's records are announced (and written to the history) once measured.
-      cutShort_.clear();
       const bool measuring = ev_.measuresRounds();
       std::vector<std::pair<int, std::size_t>> pending;  // (candidate index in the round, history index)
       auto announce = [&] {
@@ -217,10 +217,17 @@ class Loop {
     progress_(e);
   }
 
-  // Runs fn(s) for every size on cfg_.threads (default hardware_concurrency) threads, largest size first.
-  void parallelOverSizes(const std::function<void(std::size_t)>& fn) const {
-    const std::size_t n = cfg_.sizes.size();
-    core::parallelFor(n, cfg_.threads, [&](std::size_t i) { fn(n - 1 - i); });
+  // Runs fn(s) for the sizes `sizes` (indices into cfg_.sizes, ascending) on cfg_.threads (default
+  // hardware_concurrency) threads, largest size first.
+  void parallelOverSizes(const std::vector<std::size_t>& sizes, const std::function<void(std::size_t)>& fn) const {
+    const std::size_t n = sizes.size();
+    core::parallelFor(n, cfg_.threads, [&](std::size_t i) { fn(sizes[n - 1 - i]); });
+  }
+
+  std::vector<std::size_t> allSizes() const {
+    std::vector<std::size_t> all(cfg_.sizes.size());
+    for (std::size_t s = 0; s < all.size(); ++s) all[s] = s;
+    return all;
   }
 
   bool outOfTime() const { return deadline_ && Clock::now() >= *deadline_; }
@@ -282,7 +289,8 @@ class Loop {
     return o;
   }
 
-  // Whether `e` is faster than the best at size s and would be taken once proven (offer).
+  // Whether `e` is faster than the best at size s and would be taken once proven (offer). A measured best ranks
+  // above any predicted time: only a measurement (measureRound) replaces it.
   bool beatsBest(std::size_t s, const Evaluation& e) const {
     const SizeBest& sb = res_.sizes[s];
     return e.ok && !e.boundOnly && e.timeUs >= sb.boundUs * (1 - 1e-9) && !sb.measured &&
@@ -302,9 +310,7 @@ class Loop {
           fmt::format("internal error: predicted {:.2f} us, below the lower bound {:.2f} us", e.timeUs, sb.boundUs);
       return false;
     }
-    // A measured best ranks above any predicted time: only a measurement (measureRound) replaces it.
-    if (sb.measured) return false;
-    if (sb.best >= 0 && e.timeUs >= sb.bestUs * (1 - 1e-9)) return false;
+    if (!beatsBest(s, e)) return false;
     prove(e);
     if (!e.ok) {
       spdlog::error("candidate {} at {}: {}", index, core::formatSize(sb.sizeBytes), e.error);
@@ -351,23 +357,23 @@ class Loop {
     rec.stage = "ok";
     const int index = static_cast<int>(res_.history.size());
     rec.sizes.resize(cfg_.sizes.size());
-    std::vector<std::size_t> all(cfg_.sizes.size());
-    for (std::size_t s = 0; s < all.size(); ++s) all[s] = s;
     const auto intent = std::make_shared<const core::IntentProgram>(std::move(*f.intent));
     const auto layouts = std::make_shared<LayoutBounds>();
-    const std::vector<std::size_t> unfinished = evaluateSizes(index, *intent, layouts, all, left, rec);
+    Evaluated done = evaluateSizes(index, *intent, layouts, allSizes(), left, rec);
     res_.history.push_back(std::move(rec));
-    if (!unfinished.empty() && left > 1) cutShort_.push_back({index, intent, layouts, unfinished});
-    return improvedBy_;
+    if (!done.unfinished.empty() && left > 1) cutShort_.push_back({index, intent, layouts, std::move(done.unfinished)});
+    return done.improved;
   }
 
+  struct Evaluated {
+    bool improved = false;                // a best improved by more than minGain
+    std::vector<std::size_t> unfinished;  // the sizes its share of the time budget did not cover
+  };
+
   // Evaluates the candidate `index` (its record `rec`) at the sizes `sizes` (ascending), and offers the results.
-  // `left`: the candidates not yet evaluated, this one included (its share of the time budget). Returns the sizes
-  // its share did not cover; improvedBy_ says whether a best improved.
-  std::vector<std::size_t> evaluateSizes(int index, const core::IntentProgram& intent,
-                                         const std::shared_ptr<LayoutBounds>& layouts,
-                                         const std::vector<std::size_t>& sizes, std::size_t left,
-                                         CandidateRecord& rec) {
+  // `left`: the candidates not yet evaluated, this one included (its share of the time budget).
+  Evaluated evaluateSizes(int index, const core::IntentProgram& intent, const std::shared_ptr<LayoutBounds>& layouts,
+                          const std::vector<std::size_t>& sizes, std::size_t left, CandidateRecord& rec) {
     std::vector<Evaluation> evals(cfg_.sizes.size());
     std::vector<EvalHint> hints(cfg_.sizes.size());
     // Under a time budget a candidate gets an even share of what is left to the round's candidates not yet
@@ -397,14 +403,12 @@ class Loop {
     // does not depend on the thread count. Largest sizes first (they take longest).
     // A result that beats the best is proven here too (offer takes it only proven): whether it does depends only on
     // the state before the candidate as well.
-    core::parallelFor(sizes.size(), cfg_.threads, [&](std::size_t i) {
-      const std::size_t s = sizes[sizes.size() - 1 - i];
+    parallelOverSizes(sizes, [&](std::size_t s) {
       evals[s] = ev_.evaluate(intent, cfg_.sizes[s], hints[s]);
       if (beatsBest(s, evals[s])) prove(evals[s], hints[s].deadline);
     });
 
-    improvedBy_ = false;
-    std::vector<std::size_t> unfinished;
+    Evaluated out;
     for (std::size_t s : sizes) {
       Evaluation& e = evals[s];
       SizeResult& sr = rec.sizes[s];
@@ -415,7 +419,7 @@ class Loop {
       sr.ncclUs = sb.nccl.timeUs;
       sr.ok = e.ok;
       sr.error = e.error;
-      if (e.outOfTime) unfinished.push_back(s);
+      if (e.outOfTime) out.unfinished.push_back(s);
       if (e.outOfTime && left > 1) {
         sr.error = fmt::format("not evaluated: its share of the time budget ran out ({:.1f} s, 1/{} of what was left)",
                                shareS, left);
@@ -433,18 +437,17 @@ class Loop {
       if (ev_.measuresRounds() && e.ok && !e.boundOnly && !e.screened && e.compiled) {
         roundItems_.push_back({index, s, configOf(e.options, e), e.compiled->schedule});
       }
-      if (offer(index, s, e, sr)) improvedBy_ = true;
+      if (offer(index, s, e, sr)) out.improved = true;
       if (res_.sizes[s].best == index) incumbentOptions_[s] = opts;
     }
-    return unfinished;
+    return out;
   }
 
   // After a round's candidates, what is left of the time budget goes to the sizes their shares did not cover, in
   // even shares again: first the candidates that lead at some size (the most sizes first), then those that finished
   // some size, then the rest, each group in round order. Returns whether a best improved.
   bool finishCutShort() {
-    std::vector<CutShort> list = std::move(cutShort_);
-    cutShort_.clear();
+    std::vector<CutShort> list = std::exchange(cutShort_, {});
     auto rank = [&](const CutShort& c) {
       int leads = 0;
       for (const SizeBest& sb : res_.sizes) leads += sb.best == c.index;
@@ -456,8 +459,7 @@ class Loop {
     for (std::size_t i = 0; i < list.size() && !outOfTime(); ++i) {
       const CutShort& c = list[i];
       CandidateRecord& rec = res_.history[static_cast<std::size_t>(c.index)];
-      evaluateSizes(c.index, *c.intent, c.layouts, c.sizes, list.size() - i, rec);
-      improved |= improvedBy_;
+      improved |= evaluateSizes(c.index, *c.intent, c.layouts, c.sizes, list.size() - i, rec).improved;
     }
     return improved;
   }
@@ -587,7 +589,6 @@ class Loop {
     std::vector<std::size_t> sizes;  // ascending
   };
   std::vector<CutShort> cutShort_;
-  bool improvedBy_ = false;  // evaluateSizes' last call improved a best
 };
 
 }  // namespace

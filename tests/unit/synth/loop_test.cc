@@ -477,7 +477,7 @@ TEST(SynthLoop, StopsStartingCandidatesWhenTheTimeBudgetRunsOutMidRound) {
 // the budget on a large cluster would), or at every size of the programs with one name (a candidate slow to
 // evaluate among fast ones).
 // Overruns the deadline of every evaluation of `slowSize` or of `slowProgram` (with `once`, only the first one of
-// each size), and notes each evaluation's share of the budget.
+// each size), and notes each evaluation's deadline.
 class OverrunningEvaluator : public Evaluator {
  public:
   OverrunningEvaluator(const core::Topology& topo, std::uint64_t slowSize, std::string slowProgram = {},
@@ -489,7 +489,7 @@ class OverrunningEvaluator : public Evaluator {
     if (slow) {
       const std::lock_guard lock(mutex_);
       shares_[intent.name].push_back(
-          std::chrono::duration<double>(*hint.deadline - std::chrono::steady_clock::now()).count());
+          {std::chrono::duration<double>(*hint.deadline - std::chrono::steady_clock::now()).count(), *hint.deadline});
       if (once_) slow = overrun_.insert(sizeBytes).second;
     }
     if (slow) std::this_thread::sleep_until(*hint.deadline + std::chrono::milliseconds(20));
@@ -498,8 +498,12 @@ class OverrunningEvaluator : public Evaluator {
   double timeNccl(const core::Schedule& schedule, std::uint64_t sizeBytes, const sim::SimParams& params) override {
     return sim_.timeNccl(schedule, sizeBytes, params);
   }
-  // Per program: the seconds each of its evaluations had left when it started.
-  std::map<std::string, std::vector<double>> shares() const {
+  struct Share {
+    double leftS = 0;                                // seconds to the deadline when the evaluation started
+    std::chrono::steady_clock::time_point deadline;  // the evaluation's
+  };
+  // Per program, in the order its evaluations started.
+  std::map<std::string, std::vector<Share>> shares() const {
     const std::lock_guard lock(mutex_);
     return shares_;
   }
@@ -511,7 +515,7 @@ class OverrunningEvaluator : public Evaluator {
   bool once_;
   mutable std::mutex mutex_;
   std::set<std::uint64_t> overrun_;
-  std::map<std::string, std::vector<double>> shares_;
+  std::map<std::string, std::vector<Share>> shares_;
 };
 
 // The time budget bounds the run, not only when candidates start: an evaluation under way when it runs out stops,
@@ -545,6 +549,7 @@ TEST(SynthLoop, ASlowCandidateLeavesTheOthersTheirShareOfTheTimeBudget) {
   ScriptedProposer proposer(
       {{gallery("allgather_bruck.ofl"), gallery("allgather_ring.ofl"), gallery("allgather_direct.ofl")}});
   OverrunningEvaluator evaluator(dgxA100(), 0, "bruck");
+  const auto started = std::chrono::steady_clock::now();
   const SynthResult res = runSynthesis(dgxA100(), cfg, proposer, evaluator);
   ASSERT_EQ(res.history.size(), 3u);
   EXPECT_EQ(res.history[0].name, "bruck");
@@ -556,11 +561,14 @@ TEST(SynthLoop, ASlowCandidateLeavesTheOthersTheirShareOfTheTimeBudget) {
     for (const SizeResult& sr : res.history[c].sizes) EXPECT_TRUE(sr.ok) << res.history[c].name << ": " << sr.error;
   }
   for (const SizeBest& sb : res.sizes) EXPECT_GE(sb.best, 1);
-  // Its first turn had a third of the budget, at most; its second what ring and direct left, the rest.
-  const std::vector<double> shares = evaluator.shares().at("bruck");
+  // Its first turn had a third of the budget, at most; its second what ring and direct left: the rest, up to the
+  // budget's end (which is after `started` + 6 s, however long the others took).
+  const auto shares = evaluator.shares().at("bruck");
   ASSERT_EQ(shares.size(), 2 * cfg.sizes.size());
-  for (std::size_t i = 0; i < cfg.sizes.size(); ++i) EXPECT_LE(shares[i], 2.0);
-  for (std::size_t i = cfg.sizes.size(); i < shares.size(); ++i) EXPECT_GT(shares[i], 2.0);
+  for (std::size_t i = 0; i < cfg.sizes.size(); ++i) EXPECT_LE(shares[i].leftS, 2.0);
+  for (std::size_t i = cfg.sizes.size(); i < shares.size(); ++i) {
+    EXPECT_GE(shares[i].deadline, started + std::chrono::seconds(6));
+  }
 }
 
 // The sizes a candidate's share did not cover are evaluated once the round's other candidates are, with the
