@@ -35,19 +35,48 @@ LayoutBounds::Key LayoutBounds::key(const compiler::CompileOptions& o) {
           l.maxStepsPerBlock};
 }
 
+LayoutBounds::Turn::Shape LayoutBounds::shape(const compiler::CompileOptions& o) {
+  const Key k = key(o);
+  return {k[1], k[2], k[3], k[4], k[5], k[6]};
+}
+
 std::optional<LayoutBounds::Entry> LayoutBounds::find(const compiler::CompileOptions& o) const {
   if (!keeps(o)) return std::nullopt;
   const std::lock_guard lock(mutex_);
-  const auto it = entries_.find(key(o));
-  if (it == entries_.end()) return std::nullopt;
-  ++hits_;
-  return it->second;
+  if (const auto it = entries_.find(key(o)); it != entries_.end()) {
+    ++hits_;
+    return it->second;
+  }
+  if (const auto it = refusals_.find(shape(o)); it != refusals_.end()) {
+    ++hits_;
+    return Entry{sim::BoundCurve{}, it->second};
+  }
+  return std::nullopt;
 }
 
 void LayoutBounds::insert(const compiler::CompileOptions& o, Entry e) {
   if (!keeps(o)) return;
   const std::lock_guard lock(mutex_);
+  if (!e.error.empty()) refusals_.emplace(shape(o), e.error);
   entries_.emplace(key(o), std::move(e));
+}
+
+LayoutBounds::Turn LayoutBounds::turn(const compiler::CompileOptions& o) {
+  if (!keeps(o)) return Turn(nullptr, {});
+  const Turn::Shape s = shape(o);
+  std::unique_lock lock(mutex_);
+  turnOver_.wait(lock, [&] { return laying_.count(s) == 0; });
+  laying_.insert(s);
+  return Turn(this, s);
+}
+
+LayoutBounds::Turn::~Turn() {
+  if (!owner_) return;
+  {
+    const std::lock_guard lock(owner_->mutex_);
+    owner_->laying_.erase(shape_);
+  }
+  owner_->turnOver_.notify_all();
 }
 
 std::size_t LayoutBounds::size() const {
@@ -137,15 +166,19 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
     // candidate may have laid it out already: its bound curve serves every size, and no layout is made.
     auto layOut = [&](std::size_t i, Pending& out) {
       out = Pending{i, 0, std::nullopt, 0};
+      auto known = [&] {
+        if (!hint.layouts) return false;
+        auto entry = hint.layouts->find(options[i]);
+        if (!entry) return false;
+        compileErrors[i] = std::move(entry->error);
+        if (compileErrors[i].empty()) out.floorUs = entry->curve.at(sizeBytes);
+        return true;
+      };
+      if (known()) return compileErrors[i].empty();
+      std::optional<LayoutBounds::Turn> turn;
       if (hint.layouts) {
-        if (auto known = hint.layouts->find(options[i])) {
-          if (!known->error.empty()) {
-            compileErrors[i] = std::move(known->error);
-            return false;
-          }
-          out.floorUs = known->curve.at(sizeBytes);
-          return true;
-        }
+        turn.emplace(hint.layouts->turn(options[i]));
+        if (known()) return compileErrors[i].empty();
       }
       checkTime();
       auto layout = compiler::compileLayout(intent, topology_, options[i]);
@@ -157,6 +190,7 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
         }
         return false;
       }
+      turn.reset();  // another protocol's layout of this shape is laid out (and bounded) on its own
       sim::BoundCurve curve = sim::boundCurve(layout->schedule, *network_, layoutParams);
       out.floorUs = curve.at(sizeBytes);
       if (hint.layouts && curve.ok()) hint.layouts->insert(options[i], {std::move(curve), {}});  // not ok: no memory

@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -354,6 +356,70 @@ TEST(LayoutBound, SizeDependentOptionsAreNotShared) {
   compiler::CompileOptions otherSize = fixed;
   otherSize.sizeBytes = 12345;
   EXPECT_TRUE(layouts.find(otherSize).has_value());
+}
+
+// A refusal does not depend on the protocol (LimitBounds.RefusalsDoNotDependOnProtocolOrSize): it is found for every
+// protocol of its channels, slices and limits; a layout that compiled is not, nor a refusal under other limits.
+TEST(LayoutBound, ARefusalServesEveryProtocolOfItsShape) {
+  LayoutBounds layouts;
+  compiler::CompileOptions refused;
+  refused.protocol = core::Protocol::LL;
+  refused.channels = 2;
+  refused.slices = 2;
+  layouts.insert(refused, {sim::BoundCurve{}, "too many steps"});
+  compiler::CompileOptions simple = refused;
+  simple.protocol = core::Protocol::Simple;
+  simple.sizeBytes = 1 << 30;
+  const auto found = layouts.find(simple);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->error, "too many steps");
+  compiler::CompileOptions otherLimits = simple;
+  otherLimits.limits.maxStepsPerBlock = 4096;
+  EXPECT_FALSE(layouts.find(otherLimits).has_value());
+  compiler::CompileOptions otherSlices = simple;
+  otherSlices.slices = 4;
+  EXPECT_FALSE(layouts.find(otherSlices).has_value());
+
+  compiler::CompileOptions fits = refused;
+  fits.channels = 1;
+  fits.slices = 1;
+  layouts.insert(fits, {sim::BoundCurve{}, {}});
+  compiler::CompileOptions fitsLL128 = fits;
+  fitsLL128.protocol = core::Protocol::LL128;
+  EXPECT_FALSE(layouts.find(fitsLL128).has_value());
+}
+
+// A layout of a shape waits for one of the same shape under way, and then finds its refusal instead of laying the
+// option out again.
+TEST(LayoutBound, ALayoutWaitsForOneOfItsShapeUnderWay) {
+  LayoutBounds layouts;
+  compiler::CompileOptions ll;
+  ll.protocol = core::Protocol::LL;
+  ll.channels = 1;
+  ll.slices = 1;
+  compiler::CompileOptions simple = ll;
+  simple.protocol = core::Protocol::Simple;
+  std::optional<LayoutBounds::Turn> first(layouts.turn(ll));
+  std::optional<LayoutBounds::Entry> seen;
+  std::thread other([&] {
+    const LayoutBounds::Turn second = layouts.turn(simple);
+    seen = layouts.find(simple);
+  });
+  // Give the other thread time to reach its turn (without the wait it would look before the refusal is in).
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  layouts.insert(ll, {sim::BoundCurve{}, "refused"});
+  first.reset();
+  other.join();
+  ASSERT_TRUE(seen.has_value());
+  EXPECT_EQ(seen->error, "refused");
+  // Other shapes, and options that are not kept, never wait.
+  std::optional<LayoutBounds::Turn> held(layouts.turn(ll));
+  compiler::CompileOptions twoChannels = simple;
+  twoChannels.channels = 2;
+  { const LayoutBounds::Turn t = layouts.turn(twoChannels); }
+  compiler::CompileOptions bySize = ll;
+  bySize.protocol.reset();
+  { const LayoutBounds::Turn t = layouts.turn(bySize); }
 }
 
 }  // namespace

@@ -5,14 +5,17 @@
 
 #include <array>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "optiflow/core/intent.h"
@@ -26,7 +29,9 @@ namespace optiflow::synth {
 // The bounds of one candidate's layouts, shared by the evaluations of its sizes: the loop makes one per candidate and
 // passes it in every size's EvalHint. A layout does not depend on the size (its protocol, channels, slices and
 // limits shape it; the size only weighs the steps), so each option is laid out once per candidate instead of once
-// per size, and bounded at every size from its sim::BoundCurve. Safe to use from several threads at once.
+// per size, and bounded at every size from its sim::BoundCurve. A refusal (the executor's limits, the compiler's
+// memory guards) does not depend on the protocol either: it is kept for every protocol of its channels, slices and
+// limits. Safe to use from several threads at once.
 class LayoutBounds {
  public:
   struct Entry {
@@ -40,11 +45,33 @@ class LayoutBounds {
   std::size_t size() const;                                 // options laid out
   std::size_t hits() const;                                 // options bounded from another evaluation's layout
 
+  // One layout of a shape (channels, slices, limits) at a time: a layout that another evaluation is making with the
+  // same shape waits for it, then finds its refusal, if any. On 1024 ranks a layout the limits refuse can take
+  // seconds and gigabytes, and the candidate's sizes would otherwise make it side by side.
+  class Turn {
+   public:
+    Turn(Turn&& o) noexcept : owner_(std::exchange(o.owner_, nullptr)), shape_(o.shape_) {}
+    Turn& operator=(Turn&&) = delete;
+    ~Turn();
+
+   private:
+    friend class LayoutBounds;
+    using Shape = std::array<int, 6>;
+    Turn(LayoutBounds* owner, Shape shape) : owner_(owner), shape_(shape) {}
+    LayoutBounds* owner_;
+    Shape shape_;
+  };
+  Turn turn(const compiler::CompileOptions& o);
+
  private:
   using Key = std::array<int, 7>;
   static Key key(const compiler::CompileOptions& o);
+  static Turn::Shape shape(const compiler::CompileOptions& o);
   mutable std::mutex mutex_;
+  std::condition_variable turnOver_;
   std::map<Key, Entry> entries_;
+  std::map<Turn::Shape, std::string> refusals_;
+  std::set<Turn::Shape> laying_;
   mutable std::size_t hits_ = 0;
 };
 
