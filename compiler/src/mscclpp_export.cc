@@ -205,7 +205,7 @@ core::Result<ExportResult> exportPlan(const Schedule& s, const ExportOptions& op
     }
     mode = *options.mode;
   }
-  {
+  if (!options.scheduleProven) {
     Schedule one = s;
     one.inPlace = mode == core::BufferMode::InPlace;
     one.outOfPlace = !one.inPlace;

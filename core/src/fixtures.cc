@@ -101,6 +101,7 @@ Schedule ringAllGather(const RingOptions& o, const RingOrders& orders) {
       // In place the input already is the rank's slice of the output.
       const BufferKind ownBuf = o.inPlace ? O : I;
       const int ownOff = o.inPlace ? own : c;
+      steps.reserve(static_cast<std::size_t>(n) + 1);  // exactly: NCCL's rings on 1024 ranks hold gigabytes of steps
       if (!o.inPlace) steps.push_back(makeStep(StepOp::Copy, I, c, O, own));
       if (n == 1) continue;
       const RingView ring = ringOf(o, orders, r, c);
@@ -135,6 +136,7 @@ Schedule ringReduceScatter(const RingOptions& o, const RingOrders& orders) {
       }
       const RingView ring = ringOf(o, orders, r, c);
       const int first = ring.at(-1) * ch + c;
+      steps.reserve(static_cast<std::size_t>(n));
       steps.push_back(makeStep(StepOp::Send, I, first, I, first));
       for (int t = 0; t <= n - 3; ++t) {
         const int chunk = ring.at(-t - 2) * ch + c;
@@ -164,6 +166,7 @@ Schedule ringAllReduce(const RingOptions& o, const RingOrders& orders) {
       }
       const RingView ring = ringOf(o, orders, r, c);
       const int first = ring.at(-1) * ch + c;
+      steps.reserve(2 * static_cast<std::size_t>(n) - 1);
       steps.push_back(makeStep(StepOp::Send, I, first, I, first));
       for (int t = 0; t <= n - 3; ++t) {
         const int chunk = ring.at(-t - 2) * ch + c;

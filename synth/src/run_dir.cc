@@ -496,6 +496,7 @@ core::Result<bool> writeRunDirectory(const fs::path& dir, const core::Topology& 
     // `optiflow export mscclpp` writes the plan directory with size ranges and a manifest.
     compiler::mscclpp::ExportOptions eo;
     eo.ranksPerNode = topology.gpusPerNode;
+    eo.scheduleProven = true;  // a best is taken only proven, in every mode (synth::prove)
     if (auto plan = compiler::mscclpp::exportPlan(*sb.schedule, eo)) {
       w = writeText(dir / "schedules" / (stem + ".mscclpp.json"), compiler::mscclpp::writeMscclppPlan(plan->plan));
     }

@@ -153,6 +153,13 @@ TEST(MscclppExport, RefusesWhatAPlanCannotSay) {
   auto b = mpp::exportPlan(broken, {});
   ASSERT_FALSE(b.ok());
   EXPECT_NE(b.error().message.find("not proven"), std::string::npos) << b.error().message;
+  // A caller that says the schedule is proven skips that proof, not the plan's: a wrong promise exports nothing.
+  mpp::ExportOptions trusted;
+  trusted.scheduleProven = true;
+  auto t = mpp::exportPlan(broken, trusted);
+  ASSERT_FALSE(t.ok());
+  auto good = mpp::exportPlan(ring(Collective::AllGather, 4, 1, false, Protocol::Simple), trusted);
+  EXPECT_TRUE(good.ok()) << good.error().message;
 
   auto odd = mpp::exportPlan(ring(Collective::AllGather, 4, 1, false, Protocol::Simple), perNode(3));
   ASSERT_FALSE(odd.ok());

@@ -27,6 +27,9 @@ struct ExportOptions {
   std::optional<std::uint64_t> maxMessageSize;  // unset: the schedule's maxBytes (0 there: no upper limit)
   bool packets = true;  // LL schedules use packet operations where every step has one (else Simple operations)
   std::string name;     // unset: the schedule's name
+  // The caller has proven this very schedule in every mode it supports (compiler::verify, e.g. the synthesis loop's
+  // winners): the export does not prove it again. The exported plan is proven either way.
+  bool scheduleProven = false;
 };
 
 struct ExportResult {
