@@ -412,8 +412,9 @@ int main(int argc, char** argv) {
   synthesize
       ->add_option(
           "--time-budget", syn.timeBudgetS,
-          "Stop after this many seconds, an evaluation under way included; each candidate gets an even share of what "
-          "its round has left (0: none; NCCL's baselines always finish)")
+          "Stop the search after this many seconds, an evaluation under way included; each candidate gets an even "
+          "share of what its round has left (0: none; NCCL's baselines always finish, and writing the winners' files "
+          "follows)")
       ->check(CLI::Range(0.0, 1e7));
   synthesize->add_option("--seed", syn.seed, "Seed of the built-in proposer")->capture_default_str();
   synthesize->add_option("--out", syn.out, "Run directory (default: optiflow-runs/TOPO-COLL)");

@@ -686,8 +686,7 @@ Schedule Scheduler::emit(bool deps) const {
   return s;
 }
 
-LimitBounds::LimitBounds(const IntentProgram& in, int slices)
-    : n_(in.nRanks), parts_(in.parts), slices_(slices), chunks_(in.nChunks()) {
+LimitBounds::LimitBounds(const IntentProgram& in, int slices) : n_(in.nRanks), parts_(in.parts), slices_(slices) {
   // The hops (a relayed transfer has two) per (rank, direction): the peer and the program chunk.
   begin_.assign(2 * static_cast<std::size_t>(n_) + 1, 0);
   auto forHops = [&](auto&& fn) {
@@ -732,42 +731,16 @@ LimitBounds::Blocks LimitBounds::blocks(int channels) {
   return out;
 }
 
-int LimitBounds::steps(int channels, int blocksPerChannel) {
+int LimitBounds::steps(int channels) {
   counts_.assign(static_cast<std::size_t>(n_) * static_cast<std::size_t>(channels), 0);
-  const auto ch = static_cast<std::size_t>(channels);
-  // Per channel of one rank: sends, receives, receives of a value the rank sends on, distinct peers.
-  std::vector<int> sends(ch), recvs(ch), forwarded(ch), peers(ch);
-  std::vector<int> sentBy(static_cast<std::size_t>(std::max(chunks_, 0)), -1);  // the last rank seen sending it
   int most = 0;
-  for (int r = 0; r < n_; ++r) {
-    std::fill(sends.begin(), sends.end(), 0);
-    std::fill(recvs.begin(), recvs.end(), 0);
-    std::fill(forwarded.begin(), forwarded.end(), 0);
-    std::fill(peers.begin(), peers.end(), 0);
-    for (int dir = 0; dir < 2; ++dir) {
-      const std::size_t k = 2 * static_cast<std::size_t>(r) + static_cast<std::size_t>(dir);
-      for (const Leg& l : bucket(k)) {
-        const bool isForwarded = dir == 1 && sentBy[static_cast<std::size_t>(l.chunk)] == r;
-        if (dir == 0) sentBy[static_cast<std::size_t>(l.chunk)] = r;
-        for (int j = 0; j < slices_; ++j) {
-          // A slice of a chunk rides the same channel into and out of a rank.
-          const int c = channelOf(l.chunk, j, slices_, channels, parts_);
-          const int here = ++count(l.peer, c, channels);
-          most = std::max(most, here);
-          if (here == 1) ++peers[static_cast<std::size_t>(c)];
-          ++(dir == 0 ? sends : recvs)[static_cast<std::size_t>(c)];
-          if (isForwarded) ++forwarded[static_cast<std::size_t>(c)];
-        }
+  for (std::size_t k = 0; k + 1 < begin_.size(); ++k) {
+    for (const Leg& l : bucket(k)) {
+      for (int j = 0; j < slices_; ++j) {
+        most = std::max(most, ++count(l.peer, channelOf(l.chunk, j, slices_, channels, parts_), channels));
       }
-      clear(k, channels);
     }
-    for (std::size_t c = 0; c < ch; ++c) {
-      const int blocks = std::min(blocksPerChannel, peers[c]);
-      if (blocks <= 0) continue;
-      const std::int64_t stepsOnChannel =
-          std::int64_t{sends[c]} + recvs[c] - std::min(forwarded[c], sends[c]);  // fused sends are not steps
-      most = std::max(most, static_cast<int>((stepsOnChannel + blocks - 1) / blocks));
-    }
+    clear(k, channels);
   }
   return most;
 }
@@ -811,7 +784,7 @@ constexpr int kMaxChannelsChecked = 64;
 bool stepsInReach(detail::LimitBounds& least, int from, const ExecutorLimits& lim, std::map<int, bool>& memo) {
   if (const auto it = memo.find(from); it != memo.end()) return it->second;
   const int limit = lim.maxStepsPerBlock;
-  const int at = least.steps(from, lim.maxBlocksPerChannel);
+  const int at = least.steps(from);
   bool ok = at <= limit;
   if (!ok && from < lim.maxChannels) {
     ok = stepsInReach(least, lim.maxChannels, lim, memo);
@@ -828,10 +801,9 @@ bool stepsInReach(detail::LimitBounds& least, int from, const ExecutorLimits& li
 std::string stepsOutOfReach(int channels, const ExecutorLimits& lim) {
   return fmt::format(
       "a thread block needs more than {} steps with {} channel{} and with every channel count the compiler would go "
-      "on to; the executor allows {} steps per block, {} blocks per channel and {} channels: use fewer parts or a "
-      "program with fewer hops per rank",
-      lim.maxStepsPerBlock, channels, channels == 1 ? "" : "s", lim.maxStepsPerBlock, lim.maxBlocksPerChannel,
-      lim.maxChannels);
+      "on to; the executor allows {} steps per block and {} channels: use fewer parts or a program with fewer hops "
+      "per rank",
+      lim.maxStepsPerBlock, channels, channels == 1 ? "" : "s", lim.maxStepsPerBlock, lim.maxChannels);
 }
 
 // `atLeast`: counted by LimitBounds, not by a build.

@@ -99,9 +99,7 @@ inline int channelOf(int chunk, int j, int slices, int channels, int parts) {
 // only what a build would refuse too, at a small part of its cost (on 1024 ranks a `direct` layout takes seconds
 // and a gigabyte to find that a rank needs 1023 blocks per channel). Placement gives every (channel, send peer) and
 // every (channel, receive peer) of a rank one block, so a channel has at least as many blocks as distinct peers
-// either way, and at most as many as both together; every send to one peer on one channel (every receive from one)
-// is a step of that block; and every receive is a step, and so is every send but one fused into a receive of the
-// value it forwards (at most one per receive).
+// either way; and every send to one peer on one channel (every receive from one) is a step of that block.
 class LimitBounds {
  public:
   LimitBounds(const IntentProgram& in, int slices);
@@ -111,8 +109,8 @@ class LimitBounds {
     int perRank = 0;
   };
   Blocks blocks(int channels);
-  // The most steps of a block with `channels` channels where a channel has at most `blocksPerChannel` blocks.
-  int steps(int channels, int blocksPerChannel);
+  // The most steps of a block with `channels` channels.
+  int steps(int channels);
 
  private:
   struct Leg {
@@ -129,7 +127,6 @@ class LimitBounds {
   int n_;
   int parts_;
   int slices_;
-  int chunks_;
   std::vector<std::size_t> begin_;  // per (rank, direction): where its hops start in legs_
   std::vector<Leg> legs_;
   std::vector<int> counts_;  // per (peer, channel), for one (rank, direction) at a time

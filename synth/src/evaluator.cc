@@ -61,20 +61,30 @@ void LayoutBounds::insert(const compiler::CompileOptions& o, Entry e) {
   entries_.emplace(key(o), std::move(e));
 }
 
-LayoutBounds::Turn LayoutBounds::turn(const compiler::CompileOptions& o) {
-  if (!keeps(o)) return Turn(nullptr, {});
-  const Turn::Shape s = shape(o);
+std::optional<LayoutBounds::Turn> LayoutBounds::turn(const compiler::CompileOptions& o, std::size_t hops,
+                                                     std::optional<std::chrono::steady_clock::time_point> deadline) {
+  const bool kept = keeps(o);
+  const Turn::Shape s = kept ? shape(o) : Turn::Shape{};
   std::unique_lock lock(mutex_);
-  turnOver_.wait(lock, [&] { return laying_.count(s) == 0; });
-  laying_.insert(s);
-  return Turn(this, s);
+  const auto ready = [&] {
+    return (!kept || laying_.count(s) == 0) && (hopsLaying_ == 0 || hopsLaying_ + hops <= kHopsAtOnce);
+  };
+  if (deadline) {
+    if (!turnOver_.wait_until(lock, *deadline, ready)) return std::nullopt;
+  } else {
+    turnOver_.wait(lock, ready);
+  }
+  if (kept) laying_.insert(s);
+  hopsLaying_ += hops;
+  return Turn(this, kept ? std::optional<Turn::Shape>(s) : std::nullopt, hops);
 }
 
 LayoutBounds::Turn::~Turn() {
   if (!owner_) return;
   {
     const std::lock_guard lock(owner_->mutex_);
-    owner_->laying_.erase(shape_);
+    if (shape_) owner_->laying_.erase(*shape_);
+    owner_->hopsLaying_ -= hops_;
   }
   owner_->turnOver_.notify_all();
 }
@@ -175,9 +185,13 @@ Evaluation SimEvaluator::evaluate(const core::IntentProgram& intent, std::uint64
         return true;
       };
       if (known()) return compileErrors[i].empty();
-      std::optional<LayoutBounds::Turn> turn;
+      const int slices = std::max(options[i].slices > 0 ? options[i].slices : options[i].channels, 1);
+      std::optional<LayoutBounds::Turn> turn =
+          hint.layouts ? hint.layouts->turn(options[i], intent.transfers.size() * static_cast<std::size_t>(slices),
+                                            hint.deadline)
+                       : std::nullopt;
       if (hint.layouts) {
-        turn.emplace(hint.layouts->turn(options[i]));
+        if (!turn) throw OutOfTime{};
         if (known()) return compileErrors[i].empty();
       }
       checkTime();

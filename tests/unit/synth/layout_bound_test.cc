@@ -399,10 +399,11 @@ TEST(LayoutBound, ALayoutWaitsForOneOfItsShapeUnderWay) {
   ll.slices = 1;
   compiler::CompileOptions simple = ll;
   simple.protocol = core::Protocol::Simple;
-  std::optional<LayoutBounds::Turn> first(layouts.turn(ll));
+  std::optional<LayoutBounds::Turn> first = layouts.turn(ll, 1);
+  ASSERT_TRUE(first.has_value());
   std::optional<LayoutBounds::Entry> seen;
   std::thread other([&] {
-    const LayoutBounds::Turn second = layouts.turn(simple);
+    const auto second = layouts.turn(simple, 1);
     seen = layouts.find(simple);
   });
   // Give the other thread time to reach its turn (without the wait it would look before the refusal is in).
@@ -412,14 +413,21 @@ TEST(LayoutBound, ALayoutWaitsForOneOfItsShapeUnderWay) {
   other.join();
   ASSERT_TRUE(seen.has_value());
   EXPECT_EQ(seen->error, "refused");
-  // Other shapes, and options that are not kept, never wait.
-  std::optional<LayoutBounds::Turn> held(layouts.turn(ll));
+  // Other shapes, and options that are not kept, do not wait while the hops under way stay within kHopsAtOnce; a
+  // layout past it waits (here until its deadline) unless it is alone.
+  std::optional<LayoutBounds::Turn> held = layouts.turn(ll, LayoutBounds::kHopsAtOnce / 2);
+  ASSERT_TRUE(held.has_value());
   compiler::CompileOptions twoChannels = simple;
   twoChannels.channels = 2;
-  { const LayoutBounds::Turn t = layouts.turn(twoChannels); }
+  EXPECT_TRUE(layouts.turn(twoChannels, LayoutBounds::kHopsAtOnce / 2).has_value());
   compiler::CompileOptions bySize = ll;
   bySize.protocol.reset();
-  { const LayoutBounds::Turn t = layouts.turn(bySize); }
+  EXPECT_TRUE(layouts.turn(bySize, 1).has_value());
+  const auto soon = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
+  EXPECT_FALSE(layouts.turn(twoChannels, LayoutBounds::kHopsAtOnce, soon).has_value());
+  EXPECT_FALSE(layouts.turn(simple, 1, soon).has_value());  // the same shape as `held`
+  held.reset();
+  EXPECT_TRUE(layouts.turn(twoChannels, 4 * LayoutBounds::kHopsAtOnce, soon).has_value());  // alone
 }
 
 }  // namespace

@@ -45,23 +45,29 @@ class LayoutBounds {
   std::size_t size() const;                                 // options laid out
   std::size_t hits() const;                                 // options bounded from another evaluation's layout
 
-  // One layout of a shape (channels, slices, limits) at a time: a layout that another evaluation is making with the
-  // same shape waits for it, then finds its refusal, if any. On 1024 ranks a layout the limits refuse can take
-  // seconds and gigabytes, and the candidate's sizes would otherwise make it side by side.
+  // Layouts under way hold the compiler's working state, about 200 bytes a hop (a transfer per slice): on 1024 ranks
+  // a gigabyte or more each. So one layout of a shape (channels, slices, limits) is made at a time: a layout that
+  // another evaluation is making with the same shape waits for it, then finds its refusal, if any. And past
+  // kHopsAtOnce hops under way in all a layout waits for the others to end (one alone always starts).
+  static constexpr std::size_t kHopsAtOnce = std::size_t{1} << 23;
   class Turn {
    public:
-    Turn(Turn&& o) noexcept : owner_(std::exchange(o.owner_, nullptr)), shape_(o.shape_) {}
+    Turn(Turn&& o) noexcept : owner_(std::exchange(o.owner_, nullptr)), shape_(o.shape_), hops_(o.hops_) {}
     Turn& operator=(Turn&&) = delete;
     ~Turn();
 
    private:
     friend class LayoutBounds;
     using Shape = std::array<int, 6>;
-    Turn(LayoutBounds* owner, Shape shape) : owner_(owner), shape_(shape) {}
+    Turn(LayoutBounds* owner, std::optional<Shape> shape, std::size_t hops)
+        : owner_(owner), shape_(shape), hops_(hops) {}
     LayoutBounds* owner_;
-    Shape shape_;
+    std::optional<Shape> shape_;  // none: an option that is not kept
+    std::size_t hops_;
   };
-  Turn turn(const compiler::CompileOptions& o);
+  // Waits for the turn of a layout of `hops` hops; none past the deadline.
+  std::optional<Turn> turn(const compiler::CompileOptions& o, std::size_t hops,
+                           std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt);
 
  private:
   using Key = std::array<int, 7>;
@@ -72,6 +78,7 @@ class LayoutBounds {
   std::map<Key, Entry> entries_;
   std::map<Turn::Shape, std::string> refusals_;
   std::set<Turn::Shape> laying_;
+  std::size_t hopsLaying_ = 0;
   mutable std::size_t hits_ = 0;
 };
 
