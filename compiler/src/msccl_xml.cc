@@ -11,6 +11,8 @@
 #include <initializer_list>
 #include <limits>
 #include <map>
+#include <optional>
+#include <ostream>
 #include <pugixml.hpp>
 #include <string>
 #include <utility>
@@ -521,53 +523,62 @@ Step makeNop(StepRef dep) {
   return nop;
 }
 
-// Rewrites every step with several dependencies into nops + the step, renumbering the block and every dependency
-// pointing into it. Ranks where no step has more than one dependency come back unchanged.
+bool hasMultiDeps(const core::RankProgram& rp) {
+  for (const auto& tb : rp.threadBlocks) {
+    for (const auto& st : tb.steps) {
+      if (st.deps.size() > 1) return true;
+    }
+  }
+  return false;
+}
+
+// Rewrites every step of the rank with several dependencies into nops + the step, renumbering the block and every
+// dependency pointing into it.
+void expandMultiDeps(core::RankProgram& rp) {
+  // newIndex[b][i]: where step i of block b lands.
+  std::vector<std::vector<int>> newIndex(rp.threadBlocks.size());
+  for (std::size_t b = 0; b < rp.threadBlocks.size(); ++b) {
+    int next = 0;
+    for (const auto& st : rp.threadBlocks[b].steps) {
+      next += st.deps.size() > 1 ? static_cast<int>(st.deps.size()) - 1 : 0;
+      newIndex[b].push_back(next++);
+    }
+  }
+  auto remap = [&](StepRef r) {
+    const int b = core::findThreadBlock(rp, r.tb);
+    if (b < 0) return r;
+    const auto& idx = newIndex[static_cast<std::size_t>(b)];
+    if (r.step < 0 || r.step >= static_cast<int>(idx.size())) return r;
+    return StepRef{r.tb, idx[static_cast<std::size_t>(r.step)]};
+  };
+  std::vector<StepRef> movedTargets;
+  for (auto& tb : rp.threadBlocks) {
+    std::vector<Step> steps;
+    steps.reserve(tb.steps.size());
+    for (auto& st : tb.steps) {
+      for (auto& d : st.deps) d = remap(d);
+      if (st.deps.size() > 1) {
+        for (std::size_t j = 0; j + 1 < st.deps.size(); ++j) steps.push_back(makeNop(st.deps[j]));
+        movedTargets.insert(movedTargets.end(), st.deps.begin(), st.deps.end());
+        st.deps = {st.deps.back()};
+      }
+      steps.push_back(std::move(st));
+    }
+    tb.steps = std::move(steps);
+  }
+  for (const StepRef& r : movedTargets) {
+    const int b = core::findThreadBlock(rp, r.tb);
+    if (b < 0) continue;
+    auto& steps = rp.threadBlocks[static_cast<std::size_t>(b)].steps;
+    if (r.step >= 0 && r.step < static_cast<int>(steps.size())) steps[static_cast<std::size_t>(r.step)].hasDep = true;
+  }
+}
+
+// Ranks where no step has more than one dependency come back unchanged.
 Schedule expandMultiDeps(const Schedule& in) {
   Schedule s = in;
   for (auto& rp : s.ranks) {
-    bool any = false;
-    for (const auto& tb : rp.threadBlocks) {
-      for (const auto& st : tb.steps) any = any || st.deps.size() > 1;
-    }
-    if (!any) continue;
-    // newIndex[b][i]: where step i of block b lands.
-    std::vector<std::vector<int>> newIndex(rp.threadBlocks.size());
-    for (std::size_t b = 0; b < rp.threadBlocks.size(); ++b) {
-      int next = 0;
-      for (const auto& st : rp.threadBlocks[b].steps) {
-        next += st.deps.size() > 1 ? static_cast<int>(st.deps.size()) - 1 : 0;
-        newIndex[b].push_back(next++);
-      }
-    }
-    auto remap = [&](StepRef r) {
-      const int b = core::findThreadBlock(rp, r.tb);
-      if (b < 0) return r;
-      const auto& idx = newIndex[static_cast<std::size_t>(b)];
-      if (r.step < 0 || r.step >= static_cast<int>(idx.size())) return r;
-      return StepRef{r.tb, idx[static_cast<std::size_t>(r.step)]};
-    };
-    std::vector<StepRef> movedTargets;
-    for (auto& tb : rp.threadBlocks) {
-      std::vector<Step> steps;
-      steps.reserve(tb.steps.size());
-      for (auto& st : tb.steps) {
-        for (auto& d : st.deps) d = remap(d);
-        if (st.deps.size() > 1) {
-          for (std::size_t j = 0; j + 1 < st.deps.size(); ++j) steps.push_back(makeNop(st.deps[j]));
-          movedTargets.insert(movedTargets.end(), st.deps.begin(), st.deps.end());
-          st.deps = {st.deps.back()};
-        }
-        steps.push_back(std::move(st));
-      }
-      tb.steps = std::move(steps);
-    }
-    for (const StepRef& r : movedTargets) {
-      const int b = core::findThreadBlock(rp, r.tb);
-      if (b < 0) continue;
-      auto& steps = rp.threadBlocks[static_cast<std::size_t>(b)].steps;
-      if (r.step >= 0 && r.step < static_cast<int>(steps.size())) steps[static_cast<std::size_t>(r.step)].hasDep = true;
-    }
+    if (hasMultiDeps(rp)) expandMultiDeps(rp);
   }
   return s;
 }
@@ -602,9 +613,12 @@ core::Result<Schedule> importMscclXml(std::string_view text, std::string_view fi
   }
 }
 
-std::string exportMscclXml(const Schedule& in, std::optional<MscclDialect> dialectOpt) {
-  const MscclDialect dialect = dialectOpt.value_or(in.dialect);
-  const Schedule s = expandMultiDeps(in);
+namespace {
+
+// With a sink, the text goes there after every rank once a MiB of it has gathered. Ranks are expanded
+// (expandMultiDeps) one at a time: the schedule is not copied.
+std::string writeXml(const Schedule& s, std::optional<MscclDialect> dialectOpt, std::ostream* sink) {
+  const MscclDialect dialect = dialectOpt.value_or(s.dialect);
   std::string out;
   out += fmt::format(R"(<algo name="{}" proto="{}" nchannels="{}" nchunksperloop="{}" ngpus="{}" coll="{}")",
                      escapeAttr(s.name), core::toString(s.protocol), s.nChannels, s.chunksPerLoop, s.nRanks,
@@ -620,7 +634,10 @@ std::string exportMscclXml(const Schedule& in, std::optional<MscclDialect> diale
   const std::string_view impliedKind = s.collective == Collective::Custom ? std::string_view(s.name) : "";
   if (s.customKind != impliedKind) out += fmt::format(R"( customkind="{}")", escapeAttr(s.customKind));
   out += ">\n";
-  for (const auto& rp : s.ranks) {
+  for (const auto& given : s.ranks) {
+    std::optional<core::RankProgram> expanded;
+    if (hasMultiDeps(given)) expandMultiDeps(expanded.emplace(given));
+    const core::RankProgram& rp = expanded ? *expanded : given;
     out += fmt::format(R"(  <gpu id="{}" i_chunks="{}" o_chunks="{}" s_chunks="{}">)", rp.rank, rp.inputChunks,
                        rp.outputChunks, rp.scratchChunks);
     out += '\n';
@@ -645,9 +662,27 @@ std::string exportMscclXml(const Schedule& in, std::optional<MscclDialect> diale
       out += "    </tb>\n";
     }
     out += "  </gpu>\n";
+    if (sink && out.size() >= (std::size_t{1} << 20)) {
+      sink->write(out.data(), static_cast<std::streamsize>(out.size()));
+      out.clear();
+    }
   }
   out += "</algo>\n";
+  if (sink) {
+    sink->write(out.data(), static_cast<std::streamsize>(out.size()));
+    out.clear();
+  }
   return out;
+}
+
+}  // namespace
+
+std::string exportMscclXml(const Schedule& s, std::optional<MscclDialect> dialect) {
+  return writeXml(s, dialect, nullptr);
+}
+
+void writeMscclXml(const Schedule& s, std::ostream& out, std::optional<MscclDialect> dialect) {
+  writeXml(s, dialect, &out);
 }
 
 namespace {

@@ -95,10 +95,14 @@ std::string formatSchedule(const core::Schedule& s, ScheduleFormat format) {
 std::optional<core::Diagnostic> saveSchedule(const core::Schedule& s, const std::string& path,
                                              std::optional<ScheduleFormat> format) {
   const ScheduleFormat f = format.value_or(scheduleFormatFromPath(path).value_or(ScheduleFormat::Json));
-  const std::string text = formatSchedule(s, f);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) return core::Diagnostic{path, 0, 0, fmt::format("cannot create file: {}", std::strerror(errno))};
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  // Written a piece at a time: on 1024 ranks the text is hundreds of MB.
+  if (f == ScheduleFormat::MscclXml) {
+    writeMscclXml(s, out);
+  } else {
+    core::writeScheduleJson(s, out);
+  }
   out.close();
   if (!out) return core::Diagnostic{path, 0, 0, fmt::format("cannot write file: {}", std::strerror(errno))};
   return std::nullopt;

@@ -10,6 +10,7 @@
 #include <initializer_list>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <ostream>
 #include <set>
 #include <string>
 #include <utility>
@@ -75,33 +76,49 @@ std::string stepJson(const Step& st) {
       st.hasDep ? "true" : "false");
 }
 
-// Emits lines with an indentation level; with indent < 0 everything goes on one line.
+// Emits lines with an indentation level; with indent < 0 everything goes on one line. With a sink, the text goes
+// there whenever a MiB of it has gathered.
 class Out {
  public:
-  explicit Out(int indent) : indent_(indent) {}
+  Out(int indent, std::ostream* sink) : indent_(indent), sink_(sink) {}
   void line(int level, std::string_view text) {
-    if (indent_ < 0) {
-      s_ += text;
-      return;
-    }
-    s_.append(static_cast<std::size_t>(level * indent_), ' ');
+    if (indent_ >= 0) s_.append(static_cast<std::size_t>(level * indent_), ' ');
     s_ += text;
-    s_ += '\n';
+    if (indent_ >= 0) s_ += '\n';
+    if (sink_ && s_.size() >= kPiece) flush();
   }
   // Separator after a member: "," then the line break (or a space when compact).
   static std::string_view sep(bool last) { return last ? "" : ","; }
-  std::string take() { return std::move(s_); }
+  std::string take() {
+    flush();
+    return std::move(s_);
+  }
   bool compact() const { return indent_ < 0; }
 
  private:
+  static constexpr std::size_t kPiece = std::size_t{1} << 20;
+  void flush() {
+    if (!sink_) return;
+    sink_->write(s_.data(), static_cast<std::streamsize>(s_.size()));
+    s_.clear();
+  }
   int indent_;
+  std::ostream* sink_;
   std::string s_;
 };
 
+std::string writeJson(const Schedule& s, int indent, std::ostream* sink);
+
 }  // namespace
 
-std::string scheduleToJson(const Schedule& s, int indent) {
-  Out out(indent);
+std::string scheduleToJson(const Schedule& s, int indent) { return writeJson(s, indent, nullptr); }
+
+void writeScheduleJson(const Schedule& s, std::ostream& out, int indent) { writeJson(s, indent, &out); }
+
+namespace {
+
+std::string writeJson(const Schedule& s, int indent, std::ostream* sink) {
+  Out out(indent, sink);
   const std::string_view sp = out.compact() ? "" : " ";
   std::vector<std::string> top;
   top.push_back(fmt::format(R"("format":{}{})", sp, quote(kScheduleJsonFormat)));
@@ -171,6 +188,8 @@ std::string scheduleToJson(const Schedule& s, int indent) {
   out.line(0, "}");
   return out.take();
 }
+
+}  // namespace
 
 namespace {
 

@@ -486,12 +486,13 @@ core::Result<bool> writeRunDirectory(const fs::path& dir, const core::Topology& 
     if (sb.best < 0 || !sb.schedule) return;
     auto& w = wrote[s];
     const std::string stem = scheduleStem(config.collective, sb.sizeBytes);
-    w = writeText(dir / "schedules" / (stem + ".json"),
-                  compiler::formatSchedule(*sb.schedule, compiler::ScheduleFormat::Json));
-    if (w)
-      w = writeText(dir / "schedules" / (stem + ".xml"),
-                    compiler::formatSchedule(*sb.schedule, compiler::ScheduleFormat::MscclXml));
-    if (!w) return;
+    for (auto [ext, format] :
+         {std::pair{".json", compiler::ScheduleFormat::Json}, std::pair{".xml", compiler::ScheduleFormat::MscclXml}}) {
+      if (auto err = compiler::saveSchedule(*sb.schedule, (dir / "schedules" / (stem + ext)).string(), format)) {
+        w = *err;
+        return;
+      }
+    }
     // The MSCCL++ execution plan where the collective has one (not Broadcast/Reduce: a plan carries no root);
     // `optiflow export mscclpp` writes the plan directory with size ranges and a manifest.
     compiler::mscclpp::ExportOptions eo;

@@ -212,6 +212,16 @@ TEST(MscclXmlExport, DialectSpellingsAndExtensions) {
   EXPECT_EQ(*cb, c);
 }
 
+// Written to a stream the text is the same, in pieces of about a MiB (this one is several).
+TEST(MscclXmlExport, WrittenARankAtATimeIsTheSameText) {
+  const Schedule s = core::fixtures::ringAllGather({.nRanks = 64, .channels = 8});
+  const std::string xml = compiler::exportMscclXml(s);
+  EXPECT_GT(xml.size(), std::size_t{3} << 20);
+  std::ostringstream written;
+  compiler::writeMscclXml(s, written);
+  EXPECT_EQ(written.str(), xml);
+}
+
 TEST(MscclXmlExport, MultiDependencyStepsBecomeNopChains) {
   Schedule s;
   s.name = "deps";
@@ -239,6 +249,9 @@ TEST(MscclXmlExport, MultiDependencyStepsBecomeNopChains) {
   rp.threadBlocks = {t0, t1, t2, t3};
 
   const std::string xml = compiler::exportMscclXml(s);
+  std::ostringstream written;  // a rank at a time, expanded on its own
+  compiler::writeMscclXml(s, written);
+  EXPECT_EQ(written.str(), xml);
   auto r = compiler::importMscclXml(xml, "<deps>");
   ASSERT_TRUE(r.ok()) << r.error().str() << "\n" << xml;
   const auto& tbs = r->ranks[0].threadBlocks;

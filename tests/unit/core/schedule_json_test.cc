@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <sstream>
 #include <string>
 
 #include "optiflow/core/fixtures.h"
@@ -240,6 +241,18 @@ TEST(ScheduleJson, RejectsHostileNumbersAndNesting) {
   auto e = parseScheduleJson("", "empty.json");
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.error().message.find("JSON syntax error"), std::string::npos);
+}
+
+// Written to a stream the text is the same, in pieces of about a MiB (this one is several), compact or indented.
+TEST(ScheduleJson, WrittenInPiecesIsTheSameText) {
+  const Schedule s = fixtures::ringAllGather({.nRanks = 64, .channels = 8});
+  for (int indent : {-1, 1, 2}) {
+    const std::string text = scheduleToJson(s, indent);
+    EXPECT_GT(text.size(), std::size_t{3} << 20) << indent;
+    std::ostringstream written;
+    writeScheduleJson(s, written, indent);
+    EXPECT_EQ(written.str(), text) << indent;
+  }
 }
 
 TEST(ScheduleJson, NeverThrowsOnGarbage) {

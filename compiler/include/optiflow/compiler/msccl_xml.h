@@ -3,6 +3,7 @@
 // dialects and our extensions are documented in docs/schedule-format.md.
 #pragma once
 
+#include <iosfwd>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -31,6 +32,8 @@ core::Result<core::Schedule> importMscclXml(std::string_view text, std::string_v
 // hasdep="1". Steps with at most one dependency are written as they are. The output has no XML declaration and
 // keeps each element on one line, as the runtime's own minimal XML reader requires.
 std::string exportMscclXml(const core::Schedule& s, std::optional<core::MscclDialect> dialect = {});
+// The same text, written to `out` a rank at a time; the stream's state tells whether it was written.
+void writeMscclXml(const core::Schedule& s, std::ostream& out, std::optional<core::MscclDialect> dialect = {});
 
 // The limits the MSCCL runtimes enforce when they load a file (thread blocks per GPU and per channel, channels,
 // steps per block, chunks per transfer, ...), checked on the XML that exportMscclXml would write (after nop

@@ -31,7 +31,8 @@ core::Result<core::Schedule> loadSchedule(const std::string& path);
 // schedule's own dialect).
 std::string formatSchedule(const core::Schedule& s, ScheduleFormat format);
 
-// Writes formatSchedule(s, format) to path, format defaulting to the one its extension names (JSON otherwise).
+// Writes formatSchedule(s, format) to path a piece at a time, format defaulting to the one its extension names (JSON
+// otherwise).
 // Returns nullopt on success, else a Diagnostic naming the file.
 std::optional<core::Diagnostic> saveSchedule(const core::Schedule& s, const std::string& path,
                                              std::optional<ScheduleFormat> format = {});

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iosfwd>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -39,6 +40,9 @@ std::optional<BufferKind> parseBufferKind(std::string_view s);  // "input", "out
 // Serialises s. indent >= 0: one line per field at the top level, one line per rank header, block header and step,
 // nested by `indent` spaces per level; indent < 0: everything on one line. Never throws.
 std::string scheduleToJson(const Schedule& s, int indent = 1);
+// The same text, written to `out` a piece at a time (a schedule of 1024 ranks is hundreds of MB of text). The
+// stream's state tells whether it was written.
+void writeScheduleJson(const Schedule& s, std::ostream& out, int indent = 1);
 
 // Parses a native schedule file. Syntax errors carry line and column; schema errors name the JSON path
 // (e.g. "ranks[3].threadblocks[0].steps[7].op") with what was expected and what was found, and the line and
