@@ -780,14 +780,15 @@ constexpr int kMaxChannelsChecked = 64;
 
 // Whether a build with `from` channels, or with a count the compiler may go on to from there, may meet the limit on
 // steps by the bounds. From a build over the limit the compiler goes to from * ceil(steps / limit) channels, or to
-// the executor's most, for the steps the build counts, which are at least the bound; at the most it stops.
+// the executor's most, for the steps the build counts, which are at least the bound; where that did not lower the
+// steps, to from + 1; at the most it stops.
 bool stepsInReach(detail::LimitBounds& least, int from, const ExecutorLimits& lim, std::map<int, bool>& memo) {
   if (const auto it = memo.find(from); it != memo.end()) return it->second;
   const int limit = lim.maxStepsPerBlock;
   const int at = least.steps(from);
   bool ok = at <= limit;
   if (!ok && from < lim.maxChannels) {
-    ok = stepsInReach(least, lim.maxChannels, lim, memo);
+    ok = stepsInReach(least, lim.maxChannels, lim, memo) || stepsInReach(least, from + 1, lim, memo);
     for (std::int64_t c =
              std::int64_t{from} * ceilDiv(static_cast<std::uint64_t>(at), static_cast<std::uint64_t>(limit));
          !ok && c < lim.maxChannels; c += from) {
@@ -871,6 +872,7 @@ core::Result<std::unique_ptr<detail::Scheduler>> schedule(const IntentProgram& i
   const bool checkSteps = lim.maxChannels <= kMaxChannelsChecked;
   if (checkSteps && !stepsInReach(least, channels, lim, inReach)) return failure(stepsOutOfReach(channels, lim));
   int lastSteps = -1;
+  bool oneMore = false;  // the channel count was raised by one where more channels did not help
   for (int attempt = 0; attempt < 8; ++attempt) {
     for (bool paired : {false, true}) {
       // The fastest ordering first; if its abstract run gets stuck, connections keep creation order; if that is
@@ -897,12 +899,17 @@ core::Result<std::unique_ptr<detail::Scheduler>> schedule(const IntentProgram& i
       }
       if (sch.maxBlockSteps() > lim.maxStepsPerBlock) {
         // More channels spread the chunks of every connection over more blocks (chunk c rides channel c mod
-        // channels); if that did not help last time, it will not now, unless the slices still ride one channel per
-        // chunk (more slices than channels), which stops once the channels catch up with the slices.
-        const int need = std::min(lim.maxChannels, channels * ceilDiv(sch.maxBlockSteps(), lim.maxStepsPerBlock));
-        if (need <= channels || (lastSteps >= 0 && sch.maxBlockSteps() >= lastSteps && slices <= channels)) {
-          return failure(tooManySteps(sch.maxBlockSteps(), channels, lim));
+        // channels); if that did not help last time, a multiple of the count will not now either (a connection's
+        // chunks a power of two apart all ride one channel of every count that divides their stride), unless the
+        // slices still ride one channel per chunk (more slices than channels), which stops once the channels catch
+        // up with the slices. One more channel then, once: a count that does not divide the stride spreads them.
+        int need = std::min(lim.maxChannels, channels * ceilDiv(sch.maxBlockSteps(), lim.maxStepsPerBlock));
+        if (lastSteps >= 0 && sch.maxBlockSteps() >= lastSteps && slices <= channels) {
+          if (oneMore || channels >= lim.maxChannels) return failure(tooManySteps(sch.maxBlockSteps(), channels, lim));
+          need = channels + 1;
+          oneMore = true;
         }
+        if (need <= channels) return failure(tooManySteps(sch.maxBlockSteps(), channels, lim));
         // Nor is it built again where no build from here can meet the limit by the bounds.
         if (checkSteps && !stepsInReach(least, need, lim, inReach)) return failure(stepsOutOfReach(need, lim));
         lastSteps = sch.maxBlockSteps();

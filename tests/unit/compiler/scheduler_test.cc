@@ -337,8 +337,8 @@ TEST(LimitBounds, RefuseBeforeBuildingOnlyWhatNoBuildMeets) {
   }
 
   // The skewed program's ring connection carries 31 chunks 4 apart: with 4 channels they all ride one. The
-  // compiler goes from 1 channel to 2 or to the executor's most, 4; after 2 only to 4, where the bound shows 31
-  // steps: no build after the first.
+  // compiler goes from 1 channel to 2, 3 or the executor's most, 4; from 2 to 3 or 4, from 3 to 4, where the bound
+  // shows 31 steps: refused before the build with 4.
   CompileOptions s;
   s.protocol = core::Protocol::Simple;
   s.channels = 1;
@@ -346,9 +346,33 @@ TEST(LimitBounds, RefuseBeforeBuildingOnlyWhatNoBuildMeets) {
   s.limits.maxStepsPerBlock = 24;
   auto skewed = compile(skewedAllGather(32), t, s);
   ASSERT_FALSE(skewed.ok());
-  EXPECT_NE(skewed.error().message.find("more than 24 steps with 2 channels and with every channel count"),
+  EXPECT_NE(skewed.error().message.find("more than 24 steps with 4 channels and with every channel count"),
             std::string::npos)
       << skewed.error().message;
+}
+
+// A connection whose chunks are a power of two apart rides one channel of every count that divides the stride:
+// where doubling the channels did not lower the steps, one more channel spreads them (hierarchical_rail on 512
+// GPUs: 65 steps with 2, 4 and 8 channels, 23 with 3). Only once: where that does not help either, the compile is
+// refused.
+TEST(Compiler, OneMoreChannelWhereMoreChannelsDidNotHelp) {
+  const auto t = topo("dgx-a100x4");
+  const IntentProgram skewed = skewedAllGather(32);  // its ring connection: 31 chunks 4 apart
+  CompileOptions o;
+  o.protocol = core::Protocol::Simple;
+  o.channels = 2;
+  o.slices = 1;
+  o.limits.maxChannels = 8;
+  o.limits.maxStepsPerBlock = 24;
+  // 2 channels: 31 steps; 4: 31 again (refused here before); 5: still over 24, so 8, where the chunks ride 2.
+  auto two = compile(skewed, t, o);
+  ASSERT_TRUE(two.ok()) << two.error().message;
+  EXPECT_EQ(two->channels, 8);
+  EXPECT_TRUE(checkMscclLimits(two->schedule).empty());
+  // Where 5 channels still have too many steps, no sixth is tried.
+  o.limits.maxStepsPerBlock = 4;
+  auto tight = compile(skewed, t, o);
+  ASSERT_FALSE(tight.ok());
 }
 
 // The synthesis loop keeps a refusal for every protocol and size of its channels, slices and limits
