@@ -336,14 +336,19 @@ TEST(LayoutBound, AFailureSeenAtOneSizeIsNotCompiledAgain) {
   EXPECT_EQ(layouts->hits(), 2 * options.size());
 }
 
+compiler::CompileOptions fixedOptions(core::Protocol protocol, int channels, int slices) {
+  compiler::CompileOptions o;
+  o.protocol = protocol;
+  o.channels = channels;
+  o.slices = slices;
+  return o;
+}
+
 // Options that leave the protocol or the channels to the compiler are laid out by size, and a compile that ran out
 // of memory says nothing about its option: neither is shared with the other sizes.
 TEST(LayoutBound, SizeDependentOptionsAreNotShared) {
   LayoutBounds layouts;
-  compiler::CompileOptions fixed;
-  fixed.protocol = core::Protocol::Simple;
-  fixed.channels = 2;
-  fixed.slices = 2;
+  const compiler::CompileOptions fixed = fixedOptions(core::Protocol::Simple, 2, 2);
   compiler::CompileOptions noProtocol = fixed;
   noProtocol.protocol.reset();
   compiler::CompileOptions noChannels = fixed;
@@ -362,10 +367,7 @@ TEST(LayoutBound, SizeDependentOptionsAreNotShared) {
 // protocol of its channels, slices and limits; a layout that compiled is not, nor a refusal under other limits.
 TEST(LayoutBound, ARefusalServesEveryProtocolOfItsShape) {
   LayoutBounds layouts;
-  compiler::CompileOptions refused;
-  refused.protocol = core::Protocol::LL;
-  refused.channels = 2;
-  refused.slices = 2;
+  const compiler::CompileOptions refused = fixedOptions(core::Protocol::LL, 2, 2);
   layouts.insert(refused, {sim::BoundCurve{}, "too many steps"});
   compiler::CompileOptions simple = refused;
   simple.protocol = core::Protocol::Simple;
@@ -380,25 +382,16 @@ TEST(LayoutBound, ARefusalServesEveryProtocolOfItsShape) {
   otherSlices.slices = 4;
   EXPECT_FALSE(layouts.find(otherSlices).has_value());
 
-  compiler::CompileOptions fits = refused;
-  fits.channels = 1;
-  fits.slices = 1;
-  layouts.insert(fits, {sim::BoundCurve{}, {}});
-  compiler::CompileOptions fitsLL128 = fits;
-  fitsLL128.protocol = core::Protocol::LL128;
-  EXPECT_FALSE(layouts.find(fitsLL128).has_value());
+  layouts.insert(fixedOptions(core::Protocol::LL, 1, 1), {sim::BoundCurve{}, {}});
+  EXPECT_FALSE(layouts.find(fixedOptions(core::Protocol::LL128, 1, 1)).has_value());
 }
 
 // A layout of a shape waits for one of the same shape under way, and then finds its refusal instead of laying the
 // option out again.
 TEST(LayoutBound, ALayoutWaitsForOneOfItsShapeUnderWay) {
   LayoutBounds layouts;
-  compiler::CompileOptions ll;
-  ll.protocol = core::Protocol::LL;
-  ll.channels = 1;
-  ll.slices = 1;
-  compiler::CompileOptions simple = ll;
-  simple.protocol = core::Protocol::Simple;
+  const compiler::CompileOptions ll = fixedOptions(core::Protocol::LL, 1, 1);
+  const compiler::CompileOptions simple = fixedOptions(core::Protocol::Simple, 1, 1);
   std::optional<LayoutBounds::Turn> first = layouts.turn(ll, 1);
   ASSERT_TRUE(first.has_value());
   std::optional<LayoutBounds::Entry> seen;
@@ -417,8 +410,7 @@ TEST(LayoutBound, ALayoutWaitsForOneOfItsShapeUnderWay) {
   // layout past it waits (here until its deadline) unless it is alone.
   std::optional<LayoutBounds::Turn> held = layouts.turn(ll, LayoutBounds::kHopsAtOnce / 2);
   ASSERT_TRUE(held.has_value());
-  compiler::CompileOptions twoChannels = simple;
-  twoChannels.channels = 2;
+  const compiler::CompileOptions twoChannels = fixedOptions(core::Protocol::Simple, 2, 1);
   EXPECT_TRUE(layouts.turn(twoChannels, LayoutBounds::kHopsAtOnce / 2).has_value());
   compiler::CompileOptions bySize = ll;
   bySize.protocol.reset();
