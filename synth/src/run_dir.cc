@@ -13,6 +13,7 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
 #include "optiflow/compiler/mscclpp_export.h"
@@ -500,6 +501,8 @@ core::Result<bool> writeRunDirectory(const fs::path& dir, const core::Topology& 
     eo.scheduleProven = true;  // a best is taken only proven, in every mode (synth::prove)
     if (auto plan = compiler::mscclpp::exportPlan(*sb.schedule, eo)) {
       w = writeText(dir / "schedules" / (stem + ".mscclpp.json"), compiler::mscclpp::writeMscclppPlan(plan->plan));
+    } else if (config.collective != core::Collective::Broadcast && config.collective != core::Collective::Reduce) {
+      spdlog::warn("no MSCCL++ plan for {}: {}", stem, plan.error().message);
     }
   });
   for (std::size_t s = 0; s < n; ++s) {
