@@ -647,8 +647,10 @@ core::Result<ExportResult> exportPlan(const Schedule& s, const ExportOptions& op
   }
   const auto proof = verifyPlan(plan);
   if (!proof.proven) {
-    return fail(fmt::format("internal error: the exported plan is not proven: {}",
-                            proof.errors.empty() ? std::string("no detail") : proof.errors.front().str()));
+    const std::string why = proof.errors.empty() ? std::string("no detail") : proof.errors.front().str();
+    // Nothing is exported unproven; a plan too large to prove is not a fault of the export.
+    if (proof.beyondBudget) return fail("the plan is too large for the plan verifier, so it is not exported: " + why);
+    return fail(fmt::format("internal error: the exported plan is not proven: {}", why));
   }
   return result;
 }

@@ -429,6 +429,7 @@ bool Model::shape() {
     }
   }
   if (cellBudget > kMaxCells || eventBudget > kMaxEvents) {
+    report_.beyondBudget = true;
     error(Property::Shape, -1, -1, -1,
           fmt::format("{} chunk slices and {} operation runs are beyond the verifier's budget ({} and {})", cellBudget,
                       eventBudget, kMaxCells, kMaxEvents));
@@ -1074,6 +1075,7 @@ bool Model::build() {
       for (const auto* side : {&x.srcs, &x.dsts})
         for (const auto& ra : *side) accesses += static_cast<std::int64_t>(ra.cells.size());
   if (accesses > kMaxAccesses) {
+    report_.beyondBudget = true;
     error(Property::Shape, -1, -1, -1,
           fmt::format("{} chunk-slice accesses are beyond the verifier's budget ({})", accesses, kMaxAccesses));
     return false;
@@ -1334,6 +1336,7 @@ bool Model::clocks(const std::vector<int>& topo) {
     ctl[static_cast<std::size_t>(c)] = static_cast<std::uint32_t>(pos_[ue]);
     cells += static_cast<std::int64_t>(tail.size());
     if (cells > kClockBudget) {
+      report_.beyondBudget = true;
       error(Property::Shape, -1, -1, -1,
             fmt::format("{} events over {}+ parallel chains is beyond the verifier's budget", n, tail.size()));
       return false;
@@ -1365,6 +1368,7 @@ void Model::checkRaces() {
     for (std::size_t i = 0; i < acc.size(); ++i) {
       pairs += static_cast<std::int64_t>(acc.size() - i);
       if (pairs > kClockBudget * 4) {
+        report_.beyondBudget = true;
         error(Property::Shape, -1, -1, -1, "too many accesses of single chunks for the race check's budget");
         return;
       }

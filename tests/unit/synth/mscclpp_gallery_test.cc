@@ -63,5 +63,30 @@ TEST(MscclppGallery, EveryProgramExportsProvenAtOneAndTwoNodes) {
   EXPECT_GE(refused, 2);
 }
 
+// A plan too large for the plan verifier is not exported, and the export says why without calling it its own fault:
+// the demo's 64 MiB winner on 32 GPUs (8 parts, direct on the rails, then direct in the node; LL128, one channel).
+TEST(MscclppGallery, APlanTooLargeToProveIsNotExported) {
+  auto topo = core::loadTopology("dgx-a100x4");
+  ASSERT_TRUE(topo.ok());
+  const std::string text =
+      "allgather split_rails_then_nodes\n  split 8\n  for g in gpus:\n    allgather rail(g) by direct\n"
+      "  for n in nodes:\n    allgather node(n) by direct\n";
+  const Frontend fe = parseAndExpand(text, "split.ofl", *topo);
+  ASSERT_TRUE(fe.ok()) << fe.message;
+  compiler::CompileOptions co;
+  co.sizeBytes = std::uint64_t{64} << 20;
+  co.protocol = core::Protocol::LL128;
+  co.channels = 1;
+  co.slices = 1;
+  const auto compiled = compiler::compile(*fe.intent, *topo, co);
+  ASSERT_TRUE(compiled.ok()) << compiled.error().str();
+  mpp::ExportOptions eo;
+  eo.ranksPerNode = topo->gpusPerNode;
+  const auto plan = mpp::exportPlan(compiled->schedule, eo);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.error().message.find("too large for the plan verifier"), std::string::npos) << plan.error().message;
+  EXPECT_EQ(plan.error().message.find("internal error"), std::string::npos) << plan.error().message;
+}
+
 }  // namespace
 }  // namespace optiflow::synth

@@ -66,6 +66,7 @@ struct VerifyReport {
   std::size_t suppressedErrors = 0;    // errors found after maxErrors was reached (not in `errors`)
   std::size_t suppressedWarnings = 0;  // likewise for warnings
   bool timedOut = false;               // VerifyOptions::deadline passed: not proven, nothing found either
+  bool beyondBudget = false;           // too large for a pass's budget (the plan verifier): not proven, not disproven
 };
 
 // Checks, for every mode in core::supportedModes: shape and references, one connection per (peer, channel) and
