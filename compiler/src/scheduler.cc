@@ -779,24 +779,16 @@ core::Diagnostic failure(std::string m) { return core::Diagnostic{"<compiler>", 
 constexpr int kMaxChannelsChecked = 64;
 
 // Whether a build with `from` channels, or with a count the compiler may go on to from there, may meet the limit on
-// steps by the bounds. From a build over the limit the compiler goes to from * ceil(steps / limit) channels, or to
-// the executor's most, for the steps the build counts, which are at least the bound; where that did not lower the
-// steps, to from + 1; at the most it stops.
-bool stepsInReach(detail::LimitBounds& least, int from, const ExecutorLimits& lim, std::map<int, bool>& memo) {
-  if (const auto it = memo.find(from); it != memo.end()) return it->second;
-  const int limit = lim.maxStepsPerBlock;
-  const int at = least.steps(from);
-  bool ok = at <= limit;
-  if (!ok && from < lim.maxChannels) {
-    ok = stepsInReach(least, lim.maxChannels, lim, memo) || stepsInReach(least, from + 1, lim, memo);
-    for (std::int64_t c =
-             std::int64_t{from} * ceilDiv(static_cast<std::uint64_t>(at), static_cast<std::uint64_t>(limit));
-         !ok && c < lim.maxChannels; c += from) {
-      ok = stepsInReach(least, static_cast<int>(c), lim, memo);
-    }
+// steps by the bounds. From a build over the limit the compiler goes to a multiple of its count, to one more (where
+// more channels did not lower the steps), or to the executor's most, where it stops: so every count from `from` to
+// the most may come. `steps`: the bound per channel count, kept across the rebuilds of one compile.
+bool stepsInReach(detail::LimitBounds& least, int from, const ExecutorLimits& lim, std::map<int, int>& steps) {
+  for (int c = from; c <= lim.maxChannels; ++c) {
+    auto [it, fresh] = steps.try_emplace(c, 0);
+    if (fresh) it->second = least.steps(c);
+    if (it->second <= lim.maxStepsPerBlock) return true;
   }
-  memo[from] = ok;
-  return ok;
+  return false;
 }
 
 std::string stepsOutOfReach(int channels, const ExecutorLimits& lim) {
@@ -868,9 +860,9 @@ core::Result<std::unique_ptr<detail::Scheduler>> schedule(const IntentProgram& i
       b.perChannel > lim.maxBlocksPerChannel || b.perRank > lim.maxBlocksPerRank) {
     return failure(tooManyBlocks(b.perChannel, b.perRank, channels, lim, true));
   }
-  std::map<int, bool> inReach;  // per channel count
+  std::map<int, int> boundSteps;  // per channel count
   const bool checkSteps = lim.maxChannels <= kMaxChannelsChecked;
-  if (checkSteps && !stepsInReach(least, channels, lim, inReach)) return failure(stepsOutOfReach(channels, lim));
+  if (checkSteps && !stepsInReach(least, channels, lim, boundSteps)) return failure(stepsOutOfReach(channels, lim));
   int lastSteps = -1;
   bool oneMore = false;  // the channel count was raised by one where more channels did not help
   for (int attempt = 0; attempt < 8; ++attempt) {
@@ -911,7 +903,7 @@ core::Result<std::unique_ptr<detail::Scheduler>> schedule(const IntentProgram& i
         }
         if (need <= channels) return failure(tooManySteps(sch.maxBlockSteps(), channels, lim));
         // Nor is it built again where no build from here can meet the limit by the bounds.
-        if (checkSteps && !stepsInReach(least, need, lim, inReach)) return failure(stepsOutOfReach(need, lim));
+        if (checkSteps && !stepsInReach(least, need, lim, boundSteps)) return failure(stepsOutOfReach(need, lim));
         lastSteps = sch.maxBlockSteps();
         channels = need;
         break;  // rebuild with more channels

@@ -107,16 +107,6 @@ class Out {
   std::string s_;
 };
 
-std::string writeJson(const Schedule& s, int indent, std::ostream* sink);
-
-}  // namespace
-
-std::string scheduleToJson(const Schedule& s, int indent) { return writeJson(s, indent, nullptr); }
-
-void writeScheduleJson(const Schedule& s, std::ostream& out, int indent) { writeJson(s, indent, &out); }
-
-namespace {
-
 std::string writeJson(const Schedule& s, int indent, std::ostream* sink) {
   Out out(indent, sink);
   const std::string_view sp = out.compact() ? "" : " ";
@@ -190,6 +180,10 @@ std::string writeJson(const Schedule& s, int indent, std::ostream* sink) {
 }
 
 }  // namespace
+
+std::string scheduleToJson(const Schedule& s, int indent) { return writeJson(s, indent, nullptr); }
+
+void writeScheduleJson(const Schedule& s, std::ostream& out, int indent) { writeJson(s, indent, &out); }
 
 namespace {
 

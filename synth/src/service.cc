@@ -115,7 +115,7 @@ namespace {
 // and the next schedule faults every page in again: a third of the run's time on 256 GPUs. During a run freed blocks
 // below kReusedBelow stay in the process for reuse; afterwards they go back (optiflowd lives on between runs). Larger
 // blocks (the compiler's working arrays on 1024 ranks, hundreds of MiB each) go back when freed: kept, they held
-// gigabytes that the next candidate's smaller blocks could not use (6.5 GiB peak on 1024 GPUs against 4.6).
+// gigabytes that the next candidate's smaller blocks could not use (docs/synthesis.md, "1024 GPUs in 4.5 GiB").
 class HeapReuse {
   static constexpr int kReusedBelow = 64 << 20;  // glibc's M_MMAP_THRESHOLD
 
