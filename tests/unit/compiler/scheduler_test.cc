@@ -256,6 +256,42 @@ IntentProgram skewedAllGather(int n) {
   return p;
 }
 
+// Rail-striped All-Gather (the gallery's rail_striped): every node gathers its blocks, GPU g sends part g of them
+// around its rail's ring, then every node spreads the parts. A rail block's first sends and last receives are not
+// fused, so it has more steps than either direction alone.
+IntentProgram railStripedAllGather(const core::Topology& t) {
+  const int g = t.gpusPerNode;
+  const int m = t.nodes;
+  IntentProgram p = skeleton(Collective::AllGather, t.nRanks(), g);
+  for (int r = 0; r < t.nRanks(); ++r) {
+    for (int l = 0; l < g; ++l) {
+      const int peer = t.rankOf(t.nodeOf(r), l);
+      for (int q = 0; peer != r && q < g; ++q) add(p, r * g + q, r, peer, 0);
+    }
+  }
+  for (int step = 0; step < m - 1; ++step) {
+    for (int node = 0; node < m; ++node) {
+      for (int l = 0; l < g; ++l) {
+        const int from = t.rankOf(node, l);
+        const int to = t.rankOf((node + 1) % m, l);
+        for (int b = 0; b < g; ++b) add(p, t.rankOf(((node - step) % m + m) % m, b) * g + l, from, to, step + 1);
+      }
+    }
+  }
+  for (int r = 0; r < t.nRanks(); ++r) {
+    const int node = t.nodeOf(r);
+    const int l = t.localOf(r);
+    for (int other = 0; other < m; ++other) {
+      for (int b = 0; other != node && b < g; ++b) {
+        for (int k = 0; k < g; ++k) {
+          if (k != l) add(p, t.rankOf(other, b) * g + l, r, t.rankOf(node, k), m);
+        }
+      }
+    }
+  }
+  return p;
+}
+
 TEST(LimitBounds, NeverAboveWhatPlacementCounts) {
   // The bounds refuse programs before they are built, so they must never exceed the blocks and steps a build
   // places, whatever the channels, slices and pairing.
@@ -373,6 +409,43 @@ TEST(Compiler, OneMoreChannelWhereMoreChannelsDidNotHelp) {
   o.limits.maxStepsPerBlock = 4;
   auto tight = compile(skewed, t, o);
   ASSERT_FALSE(tight.ok());
+}
+
+int mostSteps(const core::Schedule& s) {
+  std::size_t most = 0;
+  for (const auto& r : s.ranks) {
+    for (const auto& b : r.threadBlocks) most = std::max(most, b.steps.size());
+  }
+  return static_cast<int>(most);
+}
+
+// A build the bounds put over the limit on steps is not made: the channels go up by the bound's least instead of
+// the build's count. The rail-striped program with 1 channel: 32 steps per block by the bound, 56 built; with 2
+// channels 28 and 52, 3: 12 and 20, 4: 26 and 50, 5: 8 and 13, 6: 11 and 19.
+TEST(Compiler, BuildsTheBoundsRefuseAreNotMade) {
+  const auto t = topo("dgx-a100x4");
+  const IntentProgram p = railStripedAllGather(t);
+  CompileOptions o;
+  o.protocol = core::Protocol::Simple;
+  o.channels = 1;
+  o.slices = 1;
+  o.limits.maxChannels = 8;
+  o.limits.maxStepsPerBlock = 26;
+  // 1 and 2 channels are over by the bound and not built; 4 is built (50 steps, no fewer than the bound had with
+  // 2), so one more, 5, where 13 fit. (A build with 1 channel would have led to 3, ceil(56 / 26).)
+  auto bounded = compile(p, t, o);
+  ASSERT_TRUE(bounded.ok()) << bounded.error().message;
+  EXPECT_EQ(bounded->channels, 5);
+  EXPECT_EQ(mostSteps(bounded->schedule), 13);
+  EXPECT_TRUE(bounded->report.proven);
+  // 12 steps: 3 channels fit by the bound, so the walk goes 1, 3 (built: 20 steps), 6 (19), then 8, where the bound
+  // has 25: refused, naming the limit.
+  o.limits.maxStepsPerBlock = 12;
+  auto refused = compile(p, t, o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("more than 12 steps with 8 channels and with every channel count"),
+            std::string::npos)
+      << refused.error().message;
 }
 
 // The synthesis loop keeps a refusal for every protocol and size of its channels, slices and limits
