@@ -419,10 +419,11 @@ int mostSteps(const core::Schedule& s) {
   return static_cast<int>(most);
 }
 
-// A build the bounds put over the limit on steps is not made: the channels go up by the bound's least instead of
-// the build's count. The rail-striped program with 1 channel: 32 steps per block by the bound, 56 built; with 2
-// channels 28 and 52, 3: 12 and 20, 4: 26 and 50, 5: 8 and 13, 6: 11 and 19.
-TEST(Compiler, BuildsTheBoundsRefuseAreNotMade) {
+// Above CompileOptions::boundedBuildsAbove transfers a build the bounds put over the limit on steps is not made:
+// the channels go up by the bound's least instead of the build's count. The rail-striped program with 1 channel: 32
+// steps per block by the bound, 56 built; with 2 channels 28 and 52, 3: 12 and 20, 4: 26 and 50, 5: 8 and 13, 6: 11
+// and 19.
+TEST(Compiler, LargeBuildsTheBoundsRefuseAreNotMade) {
   const auto t = topo("dgx-a100x4");
   const IntentProgram p = railStripedAllGather(t);
   CompileOptions o;
@@ -431,21 +432,30 @@ TEST(Compiler, BuildsTheBoundsRefuseAreNotMade) {
   o.slices = 1;
   o.limits.maxChannels = 8;
   o.limits.maxStepsPerBlock = 26;
-  // 1 and 2 channels are over by the bound and not built; 4 is built (50 steps, no fewer than the bound had with
-  // 2), so one more, 5, where 13 fit. (A build with 1 channel would have led to 3, ceil(56 / 26).)
+  // Built (a small program): 56 steps with 1 channel, so 3 channels (ceil(56 / 26)), where 20 steps fit.
+  auto built = compile(p, t, o);
+  ASSERT_TRUE(built.ok()) << built.error().message;
+  EXPECT_EQ(built->channels, 3);
+  EXPECT_EQ(mostSteps(built->schedule), 20);
+  // Bounded: 1 and 2 channels are over by the bound and not built; 4 is built (50 steps, no fewer than the bound
+  // had with 2), so one more, 5, where 13 fit.
+  o.boundedBuildsAbove = 0;
   auto bounded = compile(p, t, o);
   ASSERT_TRUE(bounded.ok()) << bounded.error().message;
   EXPECT_EQ(bounded->channels, 5);
   EXPECT_EQ(mostSteps(bounded->schedule), 13);
   EXPECT_TRUE(bounded->report.proven);
   // 12 steps: 3 channels fit by the bound, so the walk goes 1, 3 (built: 20 steps), 6 (19), then 8, where the bound
-  // has 25: refused, naming the limit.
+  // has 25: refused, naming the limit (built, the walk goes 1, 5 (13), then 8 and is refused the same way).
   o.limits.maxStepsPerBlock = 12;
-  auto refused = compile(p, t, o);
-  ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.error().message.find("more than 12 steps with 8 channels and with every channel count"),
-            std::string::npos)
-      << refused.error().message;
+  for (std::size_t above : {std::size_t{0}, CompileOptions{}.boundedBuildsAbove}) {
+    o.boundedBuildsAbove = above;
+    auto refused = compile(p, t, o);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.error().message.find("more than 12 steps with 8 channels and with every channel count"),
+              std::string::npos)
+        << refused.error().message;
+  }
 }
 
 // The synthesis loop keeps a refusal for every protocol and size of its channels, slices and limits

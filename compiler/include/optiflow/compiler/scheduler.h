@@ -7,6 +7,7 @@
 // always goes through the verifier; a schedule that is not proven is an internal error, never an output.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -44,6 +45,10 @@ struct CompileOptions {
   // channel one after another and the chunks are spread over the channels (docs/compiler.md).
   int slices = 0;
   ExecutorLimits limits = ExecutorLimits::msccl();
+  // Past this many transfers (after slicing) a build whose steps the bounds already put over the executor's limit
+  // is not made (it takes about 250 bytes per transfer): the channels go up as if it had counted the bounds' least.
+  // Below, it is made, for the steps it counts lead the channels further (docs/compiler.md, step 8).
+  std::size_t boundedBuildsAbove = std::size_t{1} << 18;
   bool verify = true;  // run the verifier (turn off only in benchmarks of the compiler itself)
 };
 
