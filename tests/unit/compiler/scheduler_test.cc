@@ -387,6 +387,17 @@ TEST(LimitBounds, RefuseBeforeBuildingOnlyWhatNoBuildMeets) {
       << skewed.error().message;
 }
 
+// Simple, one slice per chunk, `channels` to start with and the executor's limits on channels and steps.
+CompileOptions stepLimited(int channels, int maxChannels, int maxSteps) {
+  CompileOptions o;
+  o.protocol = core::Protocol::Simple;
+  o.channels = channels;
+  o.slices = 1;
+  o.limits.maxChannels = maxChannels;
+  o.limits.maxStepsPerBlock = maxSteps;
+  return o;
+}
+
 // A connection whose chunks are a power of two apart rides one channel of every count that divides the stride:
 // where doubling the channels did not lower the steps, one more channel spreads them (hierarchical_rail on 512
 // GPUs: 65 steps with 2, 4 and 8 channels, 23 with 3). Only once: where that does not help either, the compile is
@@ -394,12 +405,7 @@ TEST(LimitBounds, RefuseBeforeBuildingOnlyWhatNoBuildMeets) {
 TEST(Compiler, OneMoreChannelWhereMoreChannelsDidNotHelp) {
   const auto t = topo("dgx-a100x4");
   const IntentProgram skewed = skewedAllGather(32);  // its ring connection: 31 chunks 4 apart
-  CompileOptions o;
-  o.protocol = core::Protocol::Simple;
-  o.channels = 2;
-  o.slices = 1;
-  o.limits.maxChannels = 8;
-  o.limits.maxStepsPerBlock = 24;
+  CompileOptions o = stepLimited(2, 8, 24);
   // 2 channels: 31 steps; 4: 31 again (refused here before); 5: still over 24, so 8, where the chunks ride 2.
   auto two = compile(skewed, t, o);
   ASSERT_TRUE(two.ok()) << two.error().message;
@@ -426,12 +432,7 @@ int mostSteps(const core::Schedule& s) {
 TEST(Compiler, LargeBuildsTheBoundsRefuseAreNotMade) {
   const auto t = topo("dgx-a100x4");
   const IntentProgram p = railStripedAllGather(t);
-  CompileOptions o;
-  o.protocol = core::Protocol::Simple;
-  o.channels = 1;
-  o.slices = 1;
-  o.limits.maxChannels = 8;
-  o.limits.maxStepsPerBlock = 26;
+  CompileOptions o = stepLimited(1, 8, 26);
   // Built (a small program): 56 steps with 1 channel, so 3 channels (ceil(56 / 26)), where 20 steps fit.
   auto built = compile(p, t, o);
   ASSERT_TRUE(built.ok()) << built.error().message;
