@@ -783,11 +783,16 @@ constexpr int kMaxChannelsChecked = 64;
 // steps by the bounds. From a build over the limit the compiler goes to a multiple of its count, to one more (where
 // more channels did not lower the steps), or to the executor's most, where it stops: so every count from `from` to
 // the most may come. `steps`: the bound per channel count, kept across the rebuilds of one compile.
+// The bound's steps with `channels` channels, counted once per compile into `steps`.
+int boundAt(detail::LimitBounds& least, int channels, std::map<int, int>& steps) {
+  auto [it, fresh] = steps.try_emplace(channels, 0);
+  if (fresh) it->second = least.steps(channels);
+  return it->second;
+}
+
 bool stepsInReach(detail::LimitBounds& least, int from, const ExecutorLimits& lim, std::map<int, int>& steps) {
   for (int c = from; c <= lim.maxChannels; ++c) {
-    auto [it, fresh] = steps.try_emplace(c, 0);
-    if (fresh) it->second = least.steps(c);
-    if (it->second <= lim.maxStepsPerBlock) return true;
+    if (boundAt(least, c, steps) <= lim.maxStepsPerBlock) return true;
   }
   return false;
 }
@@ -889,16 +894,12 @@ core::Result<std::unique_ptr<detail::Scheduler>> schedule(const IntentProgram& i
     return std::nullopt;
   };
   // A large build the bounds already put over the limit on steps is not made (on 1024 ranks rail_striped's build
-  // with one channel takes 2 GB and 9 s to count 2040 steps where the bound has 1024): the count goes up as if the
-  // build had counted the bound's least. Being less than the count, the bound leads by smaller steps, so a small
-  // build is made for its count.
+  // with one channel took 2 GB only to be refused): the count goes up as if the build had counted the bound's least.
+  // Being less than the count, the bound leads by smaller steps, so a small build is made for its count.
   const bool boundedBuilds = checkSteps && hops > options.boundedBuildsAbove;
   for (int attempt = 0; attempt < 8; ++attempt) {
-    while (boundedBuilds) {
-      auto [it, fresh] = boundSteps.try_emplace(channels, 0);
-      if (fresh) it->second = least.steps(channels);
-      if (it->second <= lim.maxStepsPerBlock) break;
-      if (std::optional<std::string> refused = raise(it->second, false)) return failure(*refused);
+    for (int b; boundedBuilds && (b = boundAt(least, channels, boundSteps)) > lim.maxStepsPerBlock;) {
+      if (std::optional<std::string> refused = raise(b, false)) return failure(*refused);
     }
     for (bool paired : {false, true}) {
       // The fastest ordering first; if its abstract run gets stuck, connections keep creation order; if that is
