@@ -1,5 +1,6 @@
-// The compiler's scheduler (compiler/src: scheduler.cc builds, assigns and emits, scheduler_order.cc orders): the
-// ops, hops and thread blocks a compilation works on, shared by the two files. Private to the compiler.
+// The compiler's scheduler (compiler/src: scheduler.cc builds, assigns and emits, scheduler_order.cc orders,
+// limit_bounds.cc bounds the executor's limits before a build): the ops, hops and thread blocks a compilation works
+// on, shared by those files. Private to the compiler.
 #pragma once
 
 #include <algorithm>
