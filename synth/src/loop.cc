@@ -322,8 +322,16 @@ class Loop {
     sb.best = index;
     sb.bestUs = e.timeUs;
     sb.config = configOf(e.options, e);
-    sb.schedule = std::move(e.compiled->schedule);
+    sb.schedule = shared(index, std::move(e.compiled->schedule));
     return gain;
+  }
+
+  // The schedule to hold as candidate `index`'s best: another size's copy when that size holds the same schedule.
+  std::shared_ptr<const core::Schedule> shared(int index, core::Schedule&& schedule) const {
+    for (const SizeBest& other : res_.sizes) {
+      if (other.best == index && other.schedule && *other.schedule == schedule) return other.schedule;
+    }
+    return std::make_shared<const core::Schedule>(std::move(schedule));
   }
 
   // `left`: the round's candidates not yet evaluated, this one included (its share of the time budget).
@@ -405,7 +413,12 @@ class Loop {
     // the state before the candidate as well.
     parallelOverSizes(sizes, [&](std::size_t s) {
       evals[s] = ev_.evaluate(intent, cfg_.sizes[s], hints[s]);
-      if (beatsBest(s, evals[s])) prove(evals[s], hints[s].deadline);
+      if (beatsBest(s, evals[s])) {
+        prove(evals[s], hints[s].deadline);
+      } else if (evals[s].compiled && !ev_.measuresRounds()) {
+        // Nothing reads a schedule that is neither taken nor measured: freed now, not after the candidate's last size.
+        evals[s].compiled->schedule = core::Schedule{};
+      }
     });
 
     Evaluated out;
@@ -552,7 +565,7 @@ class Loop {
       sb.simulatedUs = sr.simulatedUs;
       sb.measured = true;
       sb.config = it.config;
-      sb.schedule = std::move(it.schedule);
+      sb.schedule = shared(it.record, std::move(it.schedule));
     }
     res_.measurementNotes.push_back(
         fmt::format("round {}: measured {} of {} schedules on hardware", round, measured, batch.size()));

@@ -202,7 +202,7 @@ void expectConsistentBests(const core::Topology& topo, const SynthConfig& cfg, c
       EXPECT_EQ(c.sizes[s].sizeBytes, sb.sizeBytes);
       EXPECT_DOUBLE_EQ(c.sizes[s].boundUs, sb.boundUs);
     }
-    ASSERT_TRUE(sb.schedule.has_value());
+    ASSERT_NE(sb.schedule, nullptr);
     EXPECT_EQ(sb.schedule->collective, cfg.collective);
     EXPECT_EQ(sb.schedule->nRanks, topo.nRanks());
     const compiler::VerifyReport report = compiler::verify(*sb.schedule);
@@ -380,6 +380,32 @@ TEST(SynthLoop, StopsAtTheRoundBudget) {
   expectConsistentBests(dgxA100(), cfg, res);
 }
 
+// Sizes a candidate wins with the same schedule hold one copy of it (on 1024 GPUs one schedule of 150 MB won six
+// sizes); different schedules stay apart.
+TEST(SynthLoop, SizesWonWithTheSameScheduleShareOneCopy) {
+  SynthConfig cfg = smallConfig(1, 8);
+  cfg.sizes = {1 * kKiB, 2 * kKiB, 4 * kKiB, 1 * kMiB, 64 * kMiB};
+  ScriptedProposer proposer({{gallery("allgather_ring.ofl")}});
+  SimEvaluator evaluator(dgxA100(), cfg.params);
+  const SynthResult res = runSynthesis(dgxA100(), cfg, proposer, evaluator);
+  expectConsistentBests(dgxA100(), cfg, res);
+  std::set<const core::Schedule*> copies;
+  int equalPairs = 0;
+  int differentPairs = 0;
+  for (std::size_t a = 0; a < res.sizes.size(); ++a) {
+    copies.insert(res.sizes[a].schedule.get());
+    for (std::size_t b = a + 1; b < res.sizes.size(); ++b) {
+      const bool equal = *res.sizes[a].schedule == *res.sizes[b].schedule;
+      (equal ? equalPairs : differentPairs) += 1;
+      EXPECT_EQ(equal, res.sizes[a].schedule == res.sizes[b].schedule) << a << " " << b;
+    }
+  }
+  // The run must exercise both: LL at the small sizes (one schedule), other options at the large ones.
+  EXPECT_GT(equalPairs, 0);
+  EXPECT_GT(differentPairs, 0);
+  EXPECT_LT(copies.size(), res.sizes.size());
+}
+
 TEST(SynthLoop, ConvergesWhenARoundBringsNoGain) {
   SynthConfig cfg = smallConfig(5, 8);
   cfg.patience = 1;
@@ -441,7 +467,7 @@ TEST(SynthLoop, StopsWhenTheProposerHasNothingNew) {
     EXPECT_GT(sb.boundUs, 0);
     EXPECT_GT(sb.nccl.timeUs, sb.boundUs);
     EXPECT_EQ(sb.best, -1);
-    EXPECT_FALSE(sb.schedule.has_value());
+    EXPECT_EQ(sb.schedule, nullptr);
   }
 }
 
@@ -537,7 +563,7 @@ TEST(SynthLoop, AnEvaluationUnderWayStopsWhenTheTimeBudgetRunsOut) {
   EXPECT_FALSE(last.ok);
   EXPECT_EQ(last.error, "not evaluated: the time budget ran out");
   EXPECT_EQ(res.sizes.back().best, -1);
-  EXPECT_FALSE(res.sizes.back().schedule.has_value());
+  EXPECT_EQ(res.sizes.back().schedule, nullptr);
 }
 
 // A candidate that is slow to evaluate gets its share of the budget and no more: the ones after it are evaluated
@@ -863,7 +889,7 @@ TEST(SynthLoop, MeasuredTimesReplaceSimulatedOnesAndRankAboveThem) {
     EXPECT_TRUE(won.measured);
     EXPECT_DOUBLE_EQ(won.timeUs, sb.bestUs);
     EXPECT_DOUBLE_EQ(won.simulatedUs, sb.simulatedUs);
-    ASSERT_TRUE(sb.schedule.has_value());
+    ASSERT_NE(sb.schedule, nullptr);
     EXPECT_DOUBLE_EQ(sb.bestUs, 1e6 / static_cast<double>(core::totalSteps(*sb.schedule) + 1));
     EXPECT_TRUE(compiler::verify(*sb.schedule).proven);
     for (const CandidateRecord& c : res.history) {
@@ -924,7 +950,7 @@ TEST(SynthLoop, BroadcastKeepsTheRoot) {
   const SynthResult res = runSynthesis(dgxA100(), cfg, proposer, evaluator);
   expectConsistentBests(dgxA100(), cfg, res);
   for (const SizeBest& sb : res.sizes) {
-    ASSERT_TRUE(sb.schedule.has_value());
+    ASSERT_NE(sb.schedule, nullptr);
     EXPECT_EQ(sb.schedule->root, 3);
   }
 }
