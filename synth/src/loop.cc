@@ -319,10 +319,10 @@ class Loop {
       return false;
     }
     const bool gain = sb.best < 0 || e.timeUs < sb.bestUs * (1 - cfg_.minGain);
+    sb.schedule = shared(index, std::move(e.compiled->schedule));
     sb.best = index;
     sb.bestUs = e.timeUs;
     sb.config = configOf(e.options, e);
-    sb.schedule = shared(index, std::move(e.compiled->schedule));
     return gain;
   }
 
@@ -560,12 +560,12 @@ class Loop {
       SizeBest& sb = res_.sizes[it.size];
       if (sb.measured && sr.timeUs >= sb.bestUs * (1 - 1e-9)) continue;
       improved |= !sb.measured || sr.timeUs < sb.bestUs * (1 - cfg_.minGain);
+      sb.schedule = shared(it.record, std::move(it.schedule));
       sb.best = it.record;
       sb.bestUs = sr.timeUs;
       sb.simulatedUs = sr.simulatedUs;
       sb.measured = true;
       sb.config = it.config;
-      sb.schedule = shared(it.record, std::move(it.schedule));
     }
     res_.measurementNotes.push_back(
         fmt::format("round {}: measured {} of {} schedules on hardware", round, measured, batch.size()));

@@ -61,9 +61,9 @@ struct SizeBest {
   double ncclModelUs = 0;
   int best = -1;  // index into SynthResult::history; -1 when no candidate worked at this size
   double bestUs = 0;
-  std::string config;                      // the winner's compile options, e.g. "LL128/2ch/2sl"
+  std::string config;  // the winner's compile options, e.g. "LL128/2ch/2sl"
   // The winner's verified schedule; sizes whose winner compiled to the same schedule share one copy (on 1024 GPUs
-  // one LL schedule of 150 MB wins six sizes).
+  // recursive doubling's LL schedule wins six sizes).
   std::shared_ptr<const core::Schedule> schedule;
   // The hardware evaluator: bestUs was measured (a measured time ranks above any predicted one); simulatedUs is the
   // simulator's time of the same schedule, which the screens compare candidates with.
