@@ -48,25 +48,31 @@ for run in "${runs[@]}"; do
   [[ $topo =~ x([0-9]+)$ ]] && nodes=${BASH_REMATCH[1]}
   if ((max_gpus > 0 && nodes * 8 > max_gpus)) || ((nodes * 8 < min_gpus)); then continue; fi
   out=$work/$topo-$coll
-  if ! /usr/bin/time -f '%e %U %S %M' -o "$work/time" "$optiflow" synthesize --topo "$topo" --coll "$coll" \
-      --sizes "$sizes" --time-budget "$budget" --out "$out" --force --json -q >"$work/result.json" 2>"$work/err"; then
-    echo "synthesis-bench: $topo $coll failed:" >&2
+  rc=0
+  /usr/bin/time -f '%e %U %S %M' -o "$work/time" "$optiflow" synthesize --topo "$topo" --coll "$coll" \
+    --sizes "$sizes" --time-budget "$budget" --out "$out" --force --json -q >"$work/result.json" 2>"$work/err" || rc=$?
+  # Exit status 1 with a result: some size got no best (within a time budget); the row says how many.
+  if ((rc != 0)) && ! { ((rc == 1)) && python3 -c 'import json, sys; json.load(open(sys.argv[1]))["rows"]' \
+      "$work/result.json" 2>/dev/null; }; then
+    echo "synthesis-bench: $topo $coll failed (exit status $rc):" >&2
     cat "$work/err" >&2
     exit 1
   fi
-  read -r wall user sys rss <"$work/time"
+  read -r wall user sys rss < <(tail -n 1 "$work/time")  # a failed command adds a line before it
   python3 - "$work/result.json" "$topo" "$coll" "$wall" "$user" "$sys" "$rss" <<'EOF'
 import json, sys
 path, topo, coll, wall, user, sys_s, rss = sys.argv[1:]
 r = json.load(open(path))
 rows = r["rows"]
 speedups = [x["speedup_vs_nccl"] for x in rows if x.get("speedup_vs_nccl")]
+least = f"{min(speedups):.2f}x" if speedups else "n/a"
 # Sizes where NCCL's choice (NVLS, CollNet) cannot be simulated: min_speedup says nothing about them.
-unsimulated = len(rows) - len(speedups)
+unsimulated = sum(1 for x in rows if x.get("nccl_time_us") is None)
+missing = sum(1 for x in rows if x.get("best_time_us") is None)
 large = [x["ratio_to_bound"] for x in rows if x["size_bytes"] >= 256 << 20 and x.get("ratio_to_bound")]
 print(f"{topo:<14} {r['ranks']:>5} {coll:<14} {len(rows):>5} {float(wall):>8.1f} {float(user) + float(sys_s):>8.1f} "
       f"{int(rss) / 1024:>8.0f} {r['rounds']:>6} {r['candidates']:>6} "
-      f"{(min(speedups) if speedups else 0):>10.2f}x {unsimulated:>7} {(max(large) if large else 0):>12.3f}x  "
-      f"{r['stop_reason']}")
+      f"{least:>11} {unsimulated:>7} {(max(large) if large else 0):>12.3f}x  "
+      f"{r['stop_reason']}" + (f"; no best at {missing} size(s)" if missing else ""))
 EOF
 done
